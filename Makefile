@@ -1,0 +1,39 @@
+# The two commands (see README): `make demo` and `make test`. Both create .venv if missing, install
+# the project into it once (again only when pyproject.toml changes), then run.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# pip on this kind of machine warns about absent local indexes on every package; hide only that line.
+PIPQUIET := grep -v "is ignored: it is neither a file nor a directory" || true
+
+export RAY_USAGE_STATS_ENABLED := 0
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test lint bench clean
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || { echo "creating $(VENV)"; python3 -m venv $(VENV); }
+	@echo "installing escrag-r1 into $(VENV) (first time: a few minutes)"
+	@$(PY) -m pip install -q --upgrade pip 2>&1 | $(PIPQUIET)
+	@# the CPU wheel of torch; a looser pin would pull a multi-GB CUDA build
+	@$(PY) -m pip install -q torch==2.13.0 2>&1 | $(PIPQUIET)
+	@$(PY) -m pip install -q -e '.[dev]' 2>&1 | $(PIPQUIET)
+	@touch $(STAMP)
+
+demo: install
+	@$(PY) -m ray_jobs.demo --config configs/cpu-demo.yaml
+
+test: install
+	@$(PY) -m pytest -q tests
+
+lint: install
+	@$(PY) -m ruff check .
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from escrag.cli import main
+
+sys.exit(main())

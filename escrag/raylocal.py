@@ -1,0 +1,31 @@
+"""Starting or joining Ray the way this project needs it.
+
+Owns: the one place that calls ``ray.init``. A local Ray binds 127.0.0.1 only, has usage stats and
+the dashboard off and keeps its temp folder where we say; joining a cluster (``address``) changes none
+of the cluster's settings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, tmpdir: str | None = None,
+             runtime_env: dict | None = None):
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if ray.is_initialized():
+        return ray
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        return ray
+    if tmpdir:
+        Path(tmpdir).mkdir(parents=True, exist_ok=True)
+        os.environ["RAY_TMPDIR"] = str(Path(tmpdir).resolve())
+    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+             _temp_dir=os.environ.get("RAY_TMPDIR"), runtime_env=runtime_env,
+             configure_logging=False)
+    return ray

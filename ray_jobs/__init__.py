@@ -1,0 +1,1 @@
+"""ray_jobs package."""

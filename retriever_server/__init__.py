@@ -1,0 +1,1 @@
+"""retriever_server package."""
