@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     except _user_error_types() as exc:
         print(f"escrag: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`
+        return 0
     except KeyboardInterrupt:
         print("escrag: interrupted", file=sys.stderr)
         return 130

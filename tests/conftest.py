@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,13 +45,81 @@ def tokenizer(tiny_model):
     return load_tokenizer(tiny_model)
 
 
+@dataclass
+class RayCluster:
+    address: str  # GCS address for ray.init
+    dashboard_url: str  # for `ray job submit --address`
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    import httpx
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} not up after {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray for the whole session, loopback only."""
+def ray_session(tmp_path_factory):
+    """One Ray head for the whole test session: loopback only, with the job server (dashboard) so
+    that `ray job submit` can be tested, temp folder inside the project. The head runs under
+    ``ray start --block`` as our child, so stopping it ends exactly the Ray processes we started."""
     import ray
 
-    from escrag.raylocal import init_ray
+    port, dash = free_port(), free_port()
+    tmp = ROOT / ".cache" / "ray"
+    tmp.mkdir(parents=True, exist_ok=True)
+    log = tmp_path_factory.mktemp("ray") / "head.log"
+    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+           "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=true",
+           "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=8",
+           f"--temp-dir={tmp}", "--disable-usage-stats"]
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{dash}/api/version", proc, log, timeout=120)
+        ray.init(address=f"127.0.0.1:{port}", configure_logging=False)
+        yield RayCluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}")
+    finally:
+        ray.shutdown()
+        _stop(proc)
 
-    init_ray(num_cpus=2, tmpdir=str(ROOT / ".cache" / "ray"))
-    yield ray
-    ray.shutdown()
+
+@pytest.fixture
+def serve(tmp_path):
+    """Start ``escrag serve ...`` as a real process on a free loopback port; yields ``start(args)``
+    which returns the base URL once ``/health`` answers. Every process is stopped at test end."""
+    procs = []
+
+    def start(args: list[str], timeout: float = 180, env: dict | None = None) -> str:
+        port = free_port()
+        log = tmp_path / f"server-{len(procs)}.log"
+        with log.open("w") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "escrag", *args, "--port", str(port)],
+                                    stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/health", proc, log, timeout)
+        return url
+
+    yield start
+    for proc in procs:
+        _stop(proc)

@@ -1,0 +1,85 @@
+"""Dynamic micro-batching for the HTTP services.
+
+Owns: ``MicroBatcher``, which coalesces items submitted by concurrent requests into one call of a
+batch function (embedding for the retriever, scoring for the reward server). A batch closes when it
+holds ``max_batch`` items or ``max_wait_ms`` has passed since its first item; the batch function runs
+in a worker thread so the event loop keeps accepting requests meanwhile. The queue is bounded:
+``submit`` raises ``QueueFull`` beyond ``max_queue`` waiting items (servers answer 503 + Retry-After).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class QueueFull(RuntimeError):
+    """More than ``max_queue`` items are waiting."""
+
+
+class MicroBatcher:
+    def __init__(self, fn: Callable[[list[Any]], Sequence[Any]], max_batch: int = 32,
+                 max_wait_ms: float = 5.0, max_queue: int = 1024, on_batch: Callable[[int], None] | None = None):
+        self.fn, self.max_batch, self.max_wait = fn, max_batch, max_wait_ms / 1000.0
+        self.max_queue, self.on_batch = max_queue, on_batch
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self.pending = 0  # items submitted and not yet answered
+
+    def _ensure_started(self) -> None:
+        if self._task is None or self._task.done():
+            self._queue = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def submit(self, items: Sequence[Any]) -> list[Any]:
+        """Queue ``items`` (one request's worth) and wait for their results, in order."""
+        if not items:
+            return []
+        self._ensure_started()
+        if self.pending + len(items) > self.max_queue:
+            raise QueueFull(f"{self.pending} items waiting (limit {self.max_queue})")
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in items]
+        self.pending += len(items)
+        for item, fut in zip(items, futures):
+            self._queue.put_nowait((item, fut))
+        try:
+            return list(await asyncio.gather(*futures))
+        finally:
+            self.pending -= len(items)
+
+    async def _collect(self) -> list[tuple[Any, asyncio.Future]]:
+        batch = [await self._queue.get()]
+        deadline = time.monotonic() + self.max_wait
+        while len(batch) < self.max_batch:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                while len(batch) < self.max_batch and not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), timeout))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._collect()
+            items = [item for item, _ in batch]
+            try:
+                results = await asyncio.to_thread(self.fn, items)
+                if len(results) != len(items):
+                    raise RuntimeError(f"batch function returned {len(results)} results for {len(items)} items")
+            except Exception as exc:  # deliver the failure to every waiting request
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            if self.on_batch:
+                self.on_batch(len(items))
+            for (_, fut), res in zip(batch, results):
+                if not fut.done():
+                    fut.set_result(res)

@@ -1,0 +1,40 @@
+"""MicroBatcher coalesces concurrent submissions into few batch calls, keeps order, bounds its
+queue and delivers a batch failure to every waiter. Run: .venv/bin/python -m pytest -q tests/test_batching.py"""
+
+import asyncio
+
+import pytest
+
+from escrag.batching import MicroBatcher, QueueFull
+
+
+def test_concurrent_requests_are_coalesced_in_order():
+    calls = []
+
+    def square(items):
+        calls.append(len(items))
+        return [x * x for x in items]
+
+    async def main():
+        b = MicroBatcher(square, max_batch=16, max_wait_ms=50)
+        return await asyncio.gather(*(b.submit([i, i + 100]) for i in range(24)))
+
+    results = asyncio.run(main())
+    assert results == [[i * i, (i + 100) ** 2] for i in range(24)]
+    assert sum(calls) == 48 and len(calls) <= 4 and max(calls) <= 16
+
+
+def test_queue_bound_and_errors():
+    def boom(items):
+        raise ValueError("bad batch")
+
+    async def main():
+        b = MicroBatcher(boom, max_batch=4, max_wait_ms=1, max_queue=3)
+        with pytest.raises(QueueFull):
+            await b.submit([1, 2, 3, 4])
+        with pytest.raises(ValueError, match="bad batch"):
+            await b.submit([1])
+        assert b.pending == 0
+        assert await b.submit([]) == []
+
+    asyncio.run(main())
