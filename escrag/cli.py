@@ -56,6 +56,7 @@ def _index(sub) -> None:
     p.add_argument("--out", default=None, help="index folder (default: <output_dir>/index)")
     p.add_argument("--embedder", default=None, help="embedder spec (default: packaged:minilm)")
     p.add_argument("--index-type", choices=("flat", "hnsw", "ivf"), default=None)
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="keep only the first N chunks")
     _config_args(p)
     p.set_defaults(func=_lazy("retriever_server.build:main"))
 
@@ -83,12 +84,19 @@ def _rm(sub) -> None:
 def _serve(sub) -> None:
     serve = sub.add_parser("serve", help="HTTP services").add_subparsers(dest="serve_cmd", required=True)
     p = serve.add_parser("retriever", help="POST /retrieve over a built index")
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True, help="index folder from `escrag index build`")
+    p.add_argument("--embedder", default=None,
+                   help="embedder spec; must be the one the index was built with (default: retriever.embedder)")
     _server_args(p, 8101)
     _config_args(p)
     p.set_defaults(func=_lazy("retriever_server.server:main"))
     p = serve.add_parser("reward", help="POST /score and /get_reward with a trained head")
-    p.add_argument("--rm", required=True, help="reward-model folder from `escrag rm train`")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--rm", help="reward-model folder from `escrag rm train`")
+    which.add_argument("--rule", metavar="NAME[:ARG]",
+                       help="serve a rule instead of the RM: keyword:WORD or length:N (reward_server/rules.py)")
+    p.add_argument("--backbone", default=None,
+                   help="backbone spec to check against the head's manifest (default: the manifest's)")
     _server_args(p, 8102)
     _config_args(p)
     p.set_defaults(func=_lazy("reward_server.server:main"))

@@ -36,6 +36,8 @@ class RunConfig:
     name: str = "escrag"
     output_dir: str = "runs/escrag"  # checkpoints, logs, plots, built artefacts
     seed: int = _f(0, ge=0)
+    server_timeout_s: float = _f(600.0, gt=0.0)  # wait for a started server's /health (model loads)
+    demo_examples: int = _f(3, ge=1)  # held-out test states the demo answers with RAG inference
 
 
 @dataclass
@@ -81,6 +83,23 @@ class RetrieverConfig:
     url: str | None = None  # use a running retriever; None: the job starts one
     embed_batch_size: int = _f(64, ge=1)
     max_wait_ms: float = _f(5.0, ge=0.0)  # micro-batching window of the server
+    # corpus: a chunk is (last turns of the history, counselor response)
+    chunk_turns: int = _f(2, ge=1)  # history turns kept in a chunk
+    chunk_chars: int = _f(400, ge=16)  # history characters kept in a chunk (the end is kept)
+    min_response_chars: int = _f(16, ge=0)  # drop shorter responses ("Hello!") from the corpus
+    # index: HNSW / IVF knobs (flat, the default, is exact and has none)
+    hnsw_m: int = _f(32, ge=4)  # graph degree
+    hnsw_ef_construction: int = _f(200, ge=8)
+    hnsw_ef_search: int = _f(128, ge=1)
+    ivf_nlist: int = _f(1024, ge=1)  # clusters; capped at count/39 so each has training points
+    ivf_nprobe: int = _f(32, ge=1)  # clusters visited per query
+    # FAISS uses BLAS for flat search only from this many queries on; the faiss-cpu default here is
+    # 128000, so batch 64 on 100k x 384 runs a per-query loop ~3x slower than BLAS (design 5)
+    blas_threshold: int = _f(20, ge=1)
+    # server
+    max_queue: int = _f(4096, ge=1)  # queries waiting; beyond it /retrieve answers 503 + Retry-After
+    max_queries: int = _f(256, ge=1)  # queries per request
+    max_query_chars: int = _f(8000, ge=1)  # per query; the embedder reads ~256 tokens anyway
 
 
 @dataclass
@@ -96,6 +115,9 @@ class RewardConfig:
     grad_accum: int = _f(16, ge=1)
     heldout_fraction: float = _f(0.1, gt=0.0, lt=1.0)
     max_length: int = _f(1024, ge=16)  # tokens; longer inputs lose history from the left
+    max_pairs: int | None = _f(None, ge=2)  # seeded subsample of the pairs to train on; None: all
+    dtype: str = _f("float32", choices=("float32", "bfloat16", "float16"))  # frozen backbone dtype
+    feature_cache: str | None = None  # cached backbone features; None: $ESCRAG_CACHE/rm-features
     feature_batch_size: int = _f(8, ge=1)
     max_batch: int = _f(32, ge=1)  # server micro-batch size
     max_wait_ms: float = _f(5.0, ge=0.0)
@@ -114,6 +136,20 @@ class RolloutConfig:
     max_new_tokens_stage2: int = _f(128, ge=1)
     rag: bool = True  # False: vanilla one-stage GRPO rollouts (ablation)
     train_stage1: bool = False  # True: stage-1 tokens also get loss mask 1 with the same advantage
+    device: str = _f("auto", choices=("auto", "cpu", "cuda"))  # transformers engine; auto: cuda if present
+    max_batch: int = _f(64, ge=1)  # rows per engine call; concurrent groups' requests are merged up to it
+    torch_threads: int = _f(0, ge=0)  # torch intra-op threads per worker; 0: torch's default
+    worker_cpus: float = _f(1.0, gt=0.0)  # Ray CPUs reserved per rollout worker actor
+    worker_gpus: float = _f(0.0, ge=0.0)  # Ray GPUs per worker; the vllm engine needs > 0 (0 means 1)
+    max_reissues: int = _f(3, ge=0)  # times the pool re-issues the states of a worker that died
+    restart_timeout_s: float = _f(300.0, gt=0.0)  # how long the pool waits for Ray to restart a worker
+    vllm_gpu_memory: float = _f(0.6, gt=0.0, le=1.0)  # vLLM gpu_memory_utilization per engine
+    # Counselor safety check (rollout/safety.py): lexicon + similarity to seed phrases.
+    risk_embedder: str = "packaged:minilm"  # thresholds below are calibrated for all-MiniLM-L6-v2
+    risk_turns: int = _f(2, ge=1)  # latest client turns that are checked
+    risk_high_similarity: float = _f(0.6, gt=0.0, le=1.0)  # cosine to a risk seed -> "high"
+    risk_elevated_similarity: float = _f(0.45, gt=0.0, le=1.0)  # cosine to a risk seed -> "elevated"
+    risk_benign_margin: float = _f(0.1, ge=0.0)  # risk seed must beat the best benign seed by this
 
 
 @dataclass
@@ -143,7 +179,9 @@ class GrpoConfig:
     updates_per_batch: int = _f(1, ge=1)  # optimizer passes over each rollout batch
     max_grad_norm: float = _f(1.0, gt=0.0)
     checkpoint_every: int = _f(10, ge=1)
+    keep_checkpoints: int = _f(2, ge=1)  # newest checkpoint folders kept on disk
     log_every: int = _f(1, ge=1)
+    tensorboard: bool = True  # also write the per-step metrics as TensorBoard scalars
 
 
 @dataclass

@@ -22,6 +22,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, tmpdir: st
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         return ray
+    # Ray >= 2.5x enables token auth for a new local cluster and writes ~/.ray/auth_token, after
+    # which every later head on the machine demands the token; ours binds 127.0.0.1 only.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if tmpdir:
         Path(tmpdir).mkdir(parents=True, exist_ok=True)
         os.environ["RAY_TMPDIR"] = str(Path(tmpdir).resolve())

@@ -46,6 +46,9 @@ class AppMetrics:
 def _detail(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # loc would read "0: JSON decode error"
+            parts.append(f"body: invalid JSON ({(err.get('ctx') or {}).get('error', 'cannot decode')})")
+            continue
         loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
         parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"

@@ -1,1 +1,3 @@
-"""reward_server package."""
+"""reward_server: preference pairs (``prefs``), the frozen-backbone reward model (``model``,
+``features``, ``train``) and its HTTP service (``protocol``, ``service``, ``server``, ``client``,
+``rules``). See docs/reward.md. Nothing heavy is imported here."""

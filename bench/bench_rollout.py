@@ -1,0 +1,219 @@
+"""Rollout throughput: the two-stage RAG episode with live retriever and reward servers vs the raw
+engine doing the same generation work, plus groups/s of the Ray pool with 1 and 2 workers.
+
+- ``rollout``: ``run_groups`` over S states (N samples each): stage 1, retrieval over HTTP, stage 2,
+  reward over HTTP; generated tokens / wall time.
+- ``raw engine``: the exact engine calls the rollout made (same prompt ids, same batch shapes and
+  sampling params), replayed back to back with no HTTP; generated tokens / wall time.
+  overhead = 1 - rollout tok/s / raw tok/s (target: <= 10% on the embedded default).
+- ``pool (W workers)``: ``RolloutPool.generate`` on the same states, groups/s (after a warm-up batch).
+Rollout and raw runs alternate ``--repeats`` times; the table shows the median.
+
+Run (the lead's full run, alone on the machine):
+  .venv/bin/python bench/bench_rollout.py
+Smoke run (tiny model, seconds):
+  .venv/bin/python bench/bench_rollout.py --model tiny-random:qwen2 --states 2 --group-size 2 \\
+      --max-new1 8 --max-new2 8 --index-limit 40 --workers 1
+Writes bench/results/rollout.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/cpu-demo.yaml")
+    p.add_argument("--model", default=None, help="policy spec (default: the config's policy.model)")
+    p.add_argument("--states", type=int, default=8, help="dialogue states per batch")
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--max-new1", type=int, default=64)
+    p.add_argument("--max-new2", type=int, default=80)
+    p.add_argument("--index-limit", type=int, default=2000, help="chunks in the benchmark index")
+    p.add_argument("--index", default=None, help="use this built index instead of building one")
+    p.add_argument("--reward", default="rule:length:30",
+                   help="'rule:NAME:ARG' for a rule reward server, or 'rm:DIR' for a trained head")
+    p.add_argument("--workers", default="1,2", help="pool sizes to time; '' skips the pool")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0, help="torch threads of the driver's engine (0: default)")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "rollout.json"))
+    return p.parse_args(argv)
+
+
+def start_server(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "escrag", "serve", *args, "--port", str(port)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"server {args[0]} exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server {args[0]} did not come up")
+
+
+class Recorder:
+    """Passes engine calls through and keeps (prompt ids, params) for the raw replay."""
+
+    def __init__(self, engine):
+        self.engine, self.tokenizer, self.calls = engine, engine.tokenizer, []
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    def generate(self, prompt_ids, params):
+        self.calls.append((prompt_ids, params))
+        return self.engine.generate(prompt_ids, params)
+
+
+def time_rollout(engine, states, cfg, urls):
+    from retriever_server.client import RetrieverClient
+    from reward_server.client import RewardClient
+    from rollout.engine import EngineScheduler
+    from rollout.episode import run_groups
+
+    rec = Recorder(engine)
+
+    async def go():
+        return await run_groups(states, EngineScheduler(rec, cfg.rollout.max_batch),
+                                RetrieverClient(urls["retriever"]), RewardClient(urls["reward"]), cfg, 0)
+
+    t = time.perf_counter()
+    groups = asyncio.run(go())
+    wall = time.perf_counter() - t
+    tokens = sum(g.stats["stage1_tokens"] + g.stats["stage2_tokens"] for g in groups)
+    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall}, rec.calls
+
+
+def time_raw(engine, calls):
+    t, tokens = time.perf_counter(), 0
+    for prompts, params in calls:
+        tokens += sum(len(g.token_ids) for g in engine.generate(prompts, params))
+    wall = time.perf_counter() - t
+    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "engine_calls": len(calls)}
+
+
+def time_pool(cfg, states, urls, workers: int):
+    from rollout.pool import RolloutPool
+
+    cfg.rollout.num_workers = workers
+    cfg.rollout.worker_cpus = 0.1
+    pool = RolloutPool(cfg, urls["retriever"], urls["reward"])
+    try:
+        pool.generate(states[:1])  # warm-up: actor start and model load are not timed
+        t = time.perf_counter()
+        groups = pool.generate(states)
+        wall = time.perf_counter() - t
+    finally:
+        pool.shutdown()
+    return {"workers": workers, "groups": len(groups), "seconds": wall, "groups_s": len(groups) / wall}
+
+
+def setup(args, tmp: Path):
+    from escrag.config import load_config
+
+    over = [f"rollout.group_size={args.group_size}", f"rollout.max_new_tokens_stage1={args.max_new1}",
+            f"rollout.max_new_tokens_stage2={args.max_new2}"]
+    if args.model:
+        over.append(f"policy.model={args.model}")
+    cfg = load_config(ROOT / args.config, over)
+    index = args.index
+    if index is None:
+        index = str(tmp / "index")
+        subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out",
+                        index, "--limit", str(args.index_limit)], check=True, cwd=ROOT)
+    kind, _, spec = args.reward.partition(":")
+    reward_args = ["--rule", spec] if kind == "rule" else ["--rm", spec]
+    procs, urls = [], {}
+    for name, sargs in (("retriever", ["retriever", "--index", index]), ("reward", ["reward", *reward_args])):
+        proc, urls[name] = start_server(sargs, tmp / f"{name}.log")
+        procs.append(proc)
+    return cfg, procs, urls
+
+
+def print_table(res: dict) -> None:
+    r, b = res["rollout"], res["raw_engine"]
+    print(f"\n{'variant':<28}{'tokens':>8}{'seconds':>10}{'tok/s':>9}")
+    print(f"{'two-stage rollout (HTTP)':<28}{r['tokens']:>8}{r['seconds']:>10.2f}{r['tok_s']:>9.1f}")
+    print(f"{'raw engine, same calls':<28}{b['tokens']:>8}{b['seconds']:>10.2f}{b['tok_s']:>9.1f}")
+    print(f"overhead: {100 * res['overhead']:.1f}% (target <= 10%)")
+    for p in res["pool"]:
+        print(f"pool, {p['workers']} worker(s): {p['groups']} groups in {p['seconds']:.2f} s = "
+              f"{p['groups_s']:.3f} groups/s")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from escrag.data import load_states
+    from rollout.engine import make_engine
+
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        cfg, procs, urls = setup(args, Path(tmp))
+        try:
+            states = load_states("valid")[: args.states]
+            if args.threads:
+                import torch
+
+                torch.set_num_threads(args.threads)
+            engine = make_engine(cfg)
+            time_rollout(engine, states[:1], cfg, urls)  # warm-up
+            runs, raws = [], []
+            for _ in range(args.repeats):
+                r, calls = time_rollout(engine, states, cfg, urls)
+                runs.append(r)
+                raws.append(time_raw(engine, calls))
+            med = lambda xs: sorted(xs, key=lambda x: x["tok_s"])[len(xs) // 2]  # noqa: E731
+            res = {"config": vars(args), "model": cfg.policy.model, "rollout": med(runs),
+                   "raw_engine": med(raws), "runs": runs, "raw_runs": raws, "pool": []}
+            res["overhead"] = 1 - res["rollout"]["tok_s"] / res["raw_engine"]["tok_s"]
+            res["overhead_median_of_pairs"] = statistics.median(
+                1 - r["tok_s"] / b["tok_s"] for r, b in zip(runs, raws))
+            sizes = [int(w) for w in args.workers.split(",") if w.strip()]
+            if sizes:
+                from escrag.raylocal import init_ray
+
+                init_ray(num_cpus=max(2, max(sizes)), tmpdir=str(ROOT / ".cache" / "ray-bench"))
+                res["pool"] = [time_pool(cfg, states, urls, w) for w in sizes]
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(20)
+    print_table(res)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(res, indent=2, default=str))
+    os.replace(tmp_out, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The FAISS inner-product index and its folder on disk.
+
+Owns: building a flat (exact, the default), HNSW or IVF inner-product index over normalised vectors;
+saving it atomically as a folder (``index.faiss``, ``chunks.jsonl``, ``manifest.json``); loading it
+back with checks (the embedder must be the one the manifest names, the corpus checksum and counts
+must match); and batched search.
+
+The folder is written to a temp sibling and renamed into place, so a reader sees the old index or the
+new one, never half of one. ``manifest.json``: ``{embedder, dim, count, corpus_sha256, built_at,
+index_type, format}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from escrag.errors import UserError
+from retriever_server.corpus import dump_chunks, sha256
+
+FORMAT = 1
+INDEX_FILE, CHUNKS_FILE, MANIFEST_FILE = "index.faiss", "chunks.jsonl", "manifest.json"
+IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per cluster
+
+
+def set_blas_threshold(n: int) -> None:
+    """Batches of >= n queries use one BLAS matmul instead of a per-query loop (process-wide)."""
+    faiss.cvar.distance_compute_blas_threshold = int(n)
+
+
+def make_faiss_index(vectors: np.ndarray, index_type: str, rc) -> faiss.Index:
+    """An inner-product index over ``vectors`` [n, dim]; ``rc`` is the ``RetrieverConfig``."""
+    n, dim = vectors.shape
+    if index_type == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif index_type == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, rc.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = rc.hnsw_ef_construction
+    elif index_type == "ivf":
+        nlist = max(1, min(rc.ivf_nlist, n // IVF_MIN_POINTS_PER_LIST))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+    else:
+        raise UserError(f"unknown index type {index_type!r} (known: flat, hnsw, ivf)")
+    index.add(vectors)
+    tune(index, rc)
+    return index
+
+
+def tune(index: faiss.Index, rc) -> None:
+    """Search-time settings from the config (HNSW efSearch, IVF nprobe, the BLAS threshold)."""
+    set_blas_threshold(rc.blas_threshold)
+    if isinstance(index, faiss.IndexHNSW):
+        index.hnsw.efSearch = rc.hnsw_ef_search
+    elif isinstance(index, faiss.IndexIVF):
+        index.nprobe = min(rc.ivf_nprobe, index.nlist)
+
+
+class VectorIndex:
+    """A FAISS index with its chunks (row i of the index is ``chunks[i]``) and manifest."""
+
+    def __init__(self, index: faiss.Index, chunks: list[dict], manifest: dict):
+        self.index, self.chunks, self.manifest = index, chunks, manifest
+
+    @property
+    def count(self) -> int:
+        return self.index.ntotal
+
+    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """[q, dim] -> scores [q, k'] and row ids [q, k'] (k' = min(k, count)); -1 marks no hit."""
+        k = min(k, self.count)
+        return self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
+
+
+def save_index(out: str | Path, index: faiss.Index, chunks: list[dict], embedder: str,
+               index_type: str) -> Path:
+    """Write the index folder atomically (temp sibling, then rename); returns its path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data = dump_chunks(chunks)
+    manifest = {"embedder": embedder, "dim": index.d, "count": index.ntotal, "corpus_sha256": sha256(data),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "index_type": index_type, "format": FORMAT}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the final folder gets the usual mode
+    try:
+        faiss.write_index(index, str(tmp / INDEX_FILE))
+        (tmp / CHUNKS_FILE).write_bytes(data)
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        _swap_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def check_target(out: str | Path) -> None:
+    """``out`` may be replaced: it is absent, an empty folder or an index folder."""
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and ((out / MANIFEST_FILE).is_file() or not any(out.iterdir()))):
+        raise UserError(f"{out}: exists and is not an index folder; refusing to replace it")
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and removed after."""
+    check_target(out)
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}-old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_manifest(folder: str | Path) -> dict:
+    folder = Path(folder)
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        raise UserError(f"{folder}: not an index folder (no {MANIFEST_FILE}); build one with "
+                        "`escrag index build --out DIR`")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON ({exc.msg})") from None
+    missing = [k for k in ("embedder", "dim", "count", "corpus_sha256", "index_type") if k not in manifest]
+    if missing:
+        raise UserError(f"{path}: missing field(s) {', '.join(missing)}")
+    return manifest
+
+
+def check_embedder(folder: str | Path, manifest: dict, embedder: str | None) -> None:
+    if embedder is not None and embedder != manifest["embedder"]:
+        raise UserError(f"{folder}: index was built with embedder {manifest['embedder']!r} "
+                        f"({manifest['dim']}-d), not {embedder!r}; serve it with --embedder "
+                        f"{manifest['embedder']} or rebuild it with --embedder {embedder}")
+
+
+def load_index(folder: str | Path, embedder: str | None = None, rc=None) -> VectorIndex:
+    """Load and check an index folder; ``embedder`` (a spec) must match the manifest when given."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    check_embedder(folder, manifest, embedder)
+    data = (folder / CHUNKS_FILE).read_bytes() if (folder / CHUNKS_FILE).is_file() else b""
+    if sha256(data) != manifest["corpus_sha256"]:
+        raise UserError(f"{folder / CHUNKS_FILE}: missing or changed since the index was built "
+                        "(checksum differs from manifest.json); rebuild the index")
+    try:
+        index = faiss.read_index(str(folder / INDEX_FILE))
+    except RuntimeError as exc:
+        raise UserError(f"{folder / INDEX_FILE}: cannot read FAISS index ({str(exc).splitlines()[0]})") from None
+    chunks = [json.loads(line) for line in data.decode("utf-8").splitlines() if line]
+    if not (index.ntotal == len(chunks) == manifest["count"]) or index.d != manifest["dim"]:
+        raise UserError(f"{folder}: index holds {index.ntotal} x {index.d}, chunks.jsonl {len(chunks)}, "
+                        f"manifest {manifest['count']} x {manifest['dim']}; rebuild the index")
+    if rc is not None:
+        tune(index, rc)
+    return VectorIndex(index, chunks, manifest)

@@ -1,0 +1,32 @@
+"""HTTP schemas of the retriever (design section 3): ``POST /retrieve`` and its answer.
+
+Owns: request validation only (pydantic, no heavy imports). Strict types: a query must be a
+non-empty string, ``k`` an integer in 1..50, ``return_scores`` a boolean; unknown fields are
+rejected so that a misspelt key is not silently ignored. Per-server limits (queries per request,
+characters per query) are checked by the service, which knows the config.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+MAX_K = 50
+
+
+class RetrieveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[StrictStr] = Field(min_length=1)  # one search per query, answered in order
+    k: StrictInt | None = Field(default=None, ge=1, le=MAX_K)  # None: the server's retriever.k
+    return_scores: StrictBool = True
+
+
+class Hit(BaseModel):
+    id: str
+    history: str
+    response: str
+    score: float | None = None  # cosine similarity; omitted when return_scores is false
+
+
+class RetrieveResponse(BaseModel):
+    results: list[list[Hit]]  # [len(queries)][<= k], best first

@@ -1,0 +1,63 @@
+"""The retrieval logic behind ``POST /retrieve``: queries -> top-k exemplar chunks.
+
+Owns: ``RetrieverService``. Queries from concurrent requests go through one ``MicroBatcher``; each
+batch is embedded in one call and searched with one FAISS call (at the largest k of the batch, then
+cut per query), so many single-query clients cost about what one batched caller does.
+``search_batch`` is the same work without the batcher, for in-process callers and the benchmark.
+
+Paper mapping: eq. 8's retriever R(ĉ): the query is the stage-1 response text, a hit is a chunk
+(short history, counselor response) scored by cosine similarity.
+"""
+
+from __future__ import annotations
+
+from escrag.batching import MicroBatcher
+from escrag.errors import UserError
+from retriever_server.embed import Embedder
+from retriever_server.index import VectorIndex
+
+
+class RetrieverService:
+    def __init__(self, index: VectorIndex, embedder: Embedder, rc, on_batch=None):
+        """``rc`` is the ``RetrieverConfig``; ``on_batch(n)`` is told each batch size."""
+        if embedder.dim != index.manifest["dim"]:
+            raise UserError(f"embedder {embedder.name!r} is {embedder.dim}-d, the index {index.manifest['dim']}-d")
+        self.index, self.embedder, self.rc = index, embedder, rc
+        self.batcher = MicroBatcher(self.search_batch, max_batch=rc.embed_batch_size,
+                                    max_wait_ms=rc.max_wait_ms, max_queue=rc.max_queue, on_batch=on_batch)
+
+    def health(self) -> dict:
+        m = self.index.manifest
+        return {"count": self.index.count, "embedder": self.embedder.name, "dim": self.embedder.dim,
+                "index_type": m["index_type"], "built_at": m.get("built_at"), "k": self.rc.k}
+
+    def search_batch(self, items: list[tuple[str, int]]) -> list[list[dict]]:
+        """(query, k) pairs -> hits per query, best first: one embed call and one FAISS search."""
+        if not items:
+            return []
+        vectors = self.embedder.encode([q for q, _ in items], batch_size=self.rc.embed_batch_size)
+        scores, rows = self.index.search(vectors, max(k for _, k in items))
+        chunks = self.index.chunks
+        return [[{"id": chunks[r]["id"], "history": chunks[r]["history"], "response": chunks[r]["response"],
+                  "score": float(s)} for s, r in zip(srow[:k], rrow[:k]) if r >= 0]
+                for (_, k), srow, rrow in zip(items, scores, rows)]
+
+    def check(self, queries: list[str], k: int | None) -> int:
+        """Limits that depend on the config; returns the effective k."""
+        if len(queries) > self.rc.max_queries:
+            raise UserError(f"queries: at most {self.rc.max_queries} per request, got {len(queries)}")
+        for i, q in enumerate(queries):
+            if not q.strip():
+                raise UserError(f"queries[{i}]: must not be empty or whitespace")
+            if len(q) > self.rc.max_query_chars:
+                raise UserError(f"queries[{i}]: longer than {self.rc.max_query_chars} characters ({len(q)})")
+        return self.rc.k if k is None else k
+
+    async def retrieve(self, queries: list[str], k: int | None = None,
+                       return_scores: bool = True) -> list[list[dict]]:
+        """Top-k chunks per query, through the micro-batcher (raises ``QueueFull`` when saturated)."""
+        k = self.check(queries, k)
+        results = await self.batcher.submit([(q, k) for q in queries])
+        if not return_scores:
+            results = [[{key: v for key, v in hit.items() if key != "score"} for hit in hits] for hits in results]
+        return results

@@ -1,0 +1,201 @@
+"""The reward model R_φ(H, c) = g_ψ(f_θ(H, c)) of paper eq. 2: frozen backbone, linear head.
+
+Owns: the model input (``escrag.prompts.rm_messages`` rendered by the backbone's chat template), the
+left truncation that keeps it within ``max_length`` tokens, the frozen backbone's feature (the final
+hidden state, after the last norm, of the input's last token), the linear head, and the head folder:
+``head.safetensors`` (``weight`` [H], ``bias`` [1]) plus ``manifest.json`` naming the backbone.
+
+Truncation: an input longer than ``max_length`` loses tokens from the left of the *history* only. The
+RM system prompt and the candidate reply (the final assistant turn) are always kept whole; if they
+alone exceed ``max_length``, the whole history is dropped and the input stays longer than
+``max_length`` (the reply is never cut). Every truncated input is counted.
+
+Batching pads on the right and reads each row at its own last real token, so a score does not depend on
+what else is in the batch (positions start at 0 in every row).
+
+Departures from the paper: the paper does not say which token's state feeds the head; we use the last
+token (``<|im_end|>`` of the reply under ChatML templates). ``max_history_turns`` optionally keeps only
+the last N turns before the token budget applies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from escrag import prompts
+from escrag.errors import UserError
+from escrag.models import resolve_model, torch_dtype
+
+HEAD_FILE, MANIFEST_FILE = "head.safetensors", "manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Encoded:
+    ids: list[int]  # backbone input ids, at most max_length unless the reply alone is longer
+    truncated: bool  # history tokens were dropped to fit
+
+
+def backbone_fingerprint(spec: str, dtype: str) -> str:
+    """Identity of a backbone for caches and manifests: the resolved folder's config and weight-file
+    sizes (not a hash of the weights, which would cost a full read of a 7B model) plus the dtype."""
+    path = resolve_model(spec)
+    h = hashlib.sha256(f"{dtype}\n".encode())
+    folder = Path(path)
+    if folder.is_dir():
+        cfg = folder / "config.json"
+        h.update(cfg.read_bytes() if cfg.is_file() else b"")
+        for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+            h.update(f"{f.name}:{f.stat().st_size}\n".encode())
+    else:
+        h.update(path.encode())  # a hub name: the name is all we know
+    return h.hexdigest()[:16]
+
+
+class Backbone:
+    """The frozen f_θ with its tokenizer; ``features`` counts every sequence it runs."""
+
+    def __init__(self, spec: str, dtype: str = "float32", max_length: int = 1024,
+                 max_turns: int | None = None):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        path = resolve_model(spec)
+        self.spec, self.dtype, self.max_length, self.max_turns = spec, dtype, max_length, max_turns
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype)).eval()
+        self.model.requires_grad_(False)
+        self.hidden_size = int(self.model.config.hidden_size)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.fingerprint = backbone_fingerprint(spec, dtype)
+        self.forward_passes = 0  # sequences run through the backbone so far
+        self._torch = torch
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode(self, history: list[dict], response: str) -> Encoded:
+        """(history, reply) -> input ids, truncating the history from the left (see module doc)."""
+        msgs = prompts.rm_messages(history, response, self.max_turns)
+        render = lambda m: prompts.render(self.tokenizer, m, add_generation_prompt=False)  # noqa: E731
+        full, context, system = render(msgs).rstrip(), render(msgs[:-1]), render(msgs[:1])
+        if not (full.startswith(context) and context.startswith(system)):  # an unusual chat template
+            ids = self._ids(full)
+            return Encoded(ids[-self.max_length:], len(ids) > self.max_length)
+        sys_ids, hist_ids = self._ids(system), self._ids(context[len(system):])
+        reply_ids = self._ids(full[len(context):])
+        budget = self.max_length - len(sys_ids) - len(reply_ids)
+        if len(hist_ids) <= budget:
+            return Encoded(sys_ids + hist_ids + reply_ids, False)
+        kept = hist_ids[len(hist_ids) - budget:] if budget > 0 else []
+        return Encoded(sys_ids + kept + reply_ids, True)
+
+    def features(self, seqs: list[list[int]]):
+        """Last-token final hidden states, float32 tensor [B, H], for one padded batch."""
+        torch = self._torch
+        lengths = torch.tensor([len(s) for s in seqs])
+        width = int(lengths.max())
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        with torch.inference_mode():
+            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        self.forward_passes += len(seqs)
+        return hidden[torch.arange(len(seqs)), lengths - 1].float()
+
+
+# --------------------------------------------------------------------------- head folder
+
+
+def save_head(out: str | Path, weight, bias: float, manifest: dict) -> Path:
+    """Write head.safetensors then manifest.json (last, so a folder with a manifest is complete)."""
+    import torch
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {"weight": torch.as_tensor(weight, dtype=torch.float32).reshape(-1).contiguous(),
+               "bias": torch.tensor([float(bias)], dtype=torch.float32)}
+    tmp = out / f".{HEAD_FILE}.tmp"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, out / HEAD_FILE)
+    manifest = {"format_version": FORMAT_VERSION, "hidden_size": int(tensors["weight"].numel()), **manifest}
+    tmp = out / f".{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, out / MANIFEST_FILE)
+    return out
+
+
+def read_manifest(head_dir: str | Path) -> dict:
+    path = Path(head_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise UserError(f"{head_dir}: not a reward-model folder (no {MANIFEST_FILE}; "
+                        "make one with `escrag rm train`)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON ({exc.msg})") from None
+    for key in ("backbone", "backbone_fingerprint", "dtype", "max_length", "hidden_size"):
+        if key not in manifest:
+            raise UserError(f"{path}: missing field {key!r}")
+    return manifest
+
+
+def load_head(head_dir: str | Path):
+    """(weight [H], bias float, manifest) from a head folder; clear errors for anything missing."""
+    from safetensors.torch import load_file
+
+    manifest = read_manifest(head_dir)
+    path = Path(head_dir) / HEAD_FILE
+    if not path.is_file():
+        raise UserError(f"{head_dir}: {HEAD_FILE} is missing")
+    tensors = load_file(str(path))
+    weight, bias = tensors.get("weight"), tensors.get("bias")
+    if weight is None or bias is None or weight.numel() != manifest["hidden_size"]:
+        raise UserError(f"{path}: expected 'weight' [{manifest['hidden_size']}] and 'bias' [1]")
+    return weight.float(), float(bias.reshape(-1)[0]), manifest
+
+
+def check_backbone(manifest: dict, head_dir, backbone_spec: str | None) -> None:
+    """Refuse a head trained on another backbone (or on a backbone folder that has changed since)."""
+    spec = backbone_spec or manifest["backbone"]
+    if backbone_spec and backbone_spec != manifest["backbone"]:
+        if resolve_model(backbone_spec) != resolve_model(manifest["backbone"]):
+            raise UserError(f"{head_dir}: the head was trained on backbone {manifest['backbone']!r}, "
+                            f"not {backbone_spec!r}; a linear head only fits the backbone it was trained on")
+    found = backbone_fingerprint(spec, manifest["dtype"])
+    if found != manifest["backbone_fingerprint"]:
+        raise UserError(f"{head_dir}: backbone {spec!r} ({manifest['dtype']}) has fingerprint {found}, but the "
+                        f"head was trained on fingerprint {manifest['backbone_fingerprint']}; retrain the head")
+
+
+class RewardModel:
+    """A frozen backbone plus a trained head: ``score`` maps (history, reply) pairs to r_RM."""
+
+    def __init__(self, backbone: Backbone, weight, bias: float, manifest: dict | None = None):
+        self.backbone, self.weight, self.bias = backbone, weight, bias
+        self.manifest = manifest or {}
+
+    @classmethod
+    def load(cls, head_dir: str | Path, backbone_spec: str | None = None) -> RewardModel:
+        weight, bias, manifest = load_head(head_dir)
+        check_backbone(manifest, head_dir, backbone_spec)
+        backbone = Backbone(backbone_spec or manifest["backbone"], manifest["dtype"], manifest["max_length"],
+                            manifest.get("max_history_turns"))
+        if backbone.hidden_size != manifest["hidden_size"]:
+            raise UserError(f"{head_dir}: head has {manifest['hidden_size']} inputs, backbone hidden size is "
+                            f"{backbone.hidden_size}")
+        return cls(backbone, weight, bias, manifest)
+
+    def score(self, items: list[tuple[list[dict], str]]) -> tuple[list[float], list[bool]]:
+        """One batch: rewards and, per item, whether its input was truncated."""
+        enc = [self.backbone.encode(h, r) for h, r in items]
+        feats = self.backbone.features([e.ids for e in enc])
+        scores = feats @ self.weight + self.bias
+        return scores.tolist(), [e.truncated for e in enc]

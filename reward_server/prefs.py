@@ -1,0 +1,244 @@
+"""ESC-Preference pairs: the JSONL schema, a validating loader, an atomic writer, and silver pairs.
+
+Owns: ``PreferencePair`` and its file format, and ``escrag prefs bootstrap``.
+
+One JSON object per line::
+
+    {"id": "silver-train-12-5",                      # unique within the file
+     "history": [{"role": "user", "content": "..."},  # OpenAI messages, roles user/assistant,
+                 {"role": "assistant", "content": "..."}, ..., {"role": "user", ...}],  # ends in user
+     "chosen": "the preferred counselor reply",      # non-empty, differs from rejected
+     "rejected": "the dispreferred counselor reply",
+     "metrics": {"chosen":   {"EI": 8, "NE": 7, "TA": 8, "SC": 7, "TH": 6, "SF": 8, "PT": 7},
+                 "rejected": {"EI": 4, ...}},        # optional: all seven scores per side, numbers
+     "provenance": {"source": "...", ...}}           # optional JSON object (where the pair came from)
+
+Departure from the paper (said plainly): the paper's ESC-Preference pairs come from a simulated-client,
+three-model, seven-metric pipeline (section 3.2). Until that data exists, ``bootstrap_pairs`` makes
+*silver* pairs from ESConv train only, as a stand-in: chosen = the gold counselor turn, rejected = one
+seeded negative of four kinds (``NEGATIVE_KINDS``): a counselor turn from another dialogue, a generic
+reassurance, a premature-advice / lecturing turn, or the gold turn cut off mid-sentence. States whose
+gold turn has fewer than ``MIN_GOLD_WORDS`` words (greetings, "ok") are skipped: the gold is not
+clearly better there. Silver pairs carry no metric scores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from escrag.data import SPLITS, DataError, load_states
+from escrag.errors import UserError
+
+METRICS = ("EI", "NE", "TA", "SC", "TH", "SF", "PT")  # paper 3.2: Client EI NE TA, Counselor SC TH, Judge SF PT
+ROLES = ("user", "assistant")
+MIN_GOLD_WORDS = 5
+NEGATIVE_KINDS = ("other_dialogue", "generic", "lecturing", "truncated")
+
+GENERIC_REASSURANCES = (
+    "Don't worry, everything will be fine.",
+    "I'm sure it will all work out in the end.",
+    "Stay positive! Everything happens for a reason.",
+    "Cheer up, tomorrow is another day.",
+    "That's life. You'll get over it soon.",
+    "Just try not to think about it too much and you'll be okay.",
+    "I understand. Things will get better, they always do.",
+    "Try to look on the bright side, it could be worse.",
+)
+LECTURES = (  # premature advice / lecturing, without engaging with what the client said
+    "You need to stop dwelling on this {problem} and take action. Make a plan today, exercise every "
+    "morning and stop feeling sorry for yourself.",
+    "The solution to {problem} is simple: set clear goals, stick to a routine and cut out negative "
+    "people. You just have to be more disciplined.",
+    "Honestly, you should have seen this coming. Next time think ahead and you will not end up in "
+    "this situation.",
+    "Here is what you must do: write down three steps, do them tomorrow, and stop overthinking. "
+    "Worrying never solved anything.",
+    "Many people have it much worse than you. You should be grateful and just move on from this "
+    "{problem}.",
+    "You are making this a bigger deal than it is. Be more positive and it will sort itself out.",
+)
+
+
+@dataclass
+class PreferencePair:
+    id: str
+    history: list[dict]  # [{"role": "user"|"assistant", "content": str}], last role "user"
+    chosen: str  # preferred counselor reply c+
+    rejected: str  # dispreferred counselor reply c-
+    metrics: dict | None = None  # {"chosen": {EI..PT: float}, "rejected": {...}} or None
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def group(self) -> str:
+        """Pairs of one dialogue share a group, so a held-out split never leaks a dialogue."""
+        return str(self.provenance.get("dialogue_id", self.id))
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        if out["metrics"] is None:
+            del out["metrics"]
+        return out
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise DataError(f"{where}: {what}")
+
+
+def _check_history(history, where: str) -> list[dict]:
+    _check(isinstance(history, list) and history, where, "'history' must be a non-empty list of messages")
+    for j, m in enumerate(history):
+        at = f"{where}: history[{j}]"
+        _check(isinstance(m, dict), at, "message must be an object with 'role' and 'content'")
+        _check(m.get("role") in ROLES, at, f"'role' must be one of {list(ROLES)}, got {m.get('role')!r}")
+        _check(isinstance(m.get("content"), str), at, "'content' must be a string")
+    _check(history[-1]["role"] == "user", where, "'history' must end with a user (client) turn")
+    return [{"role": m["role"], "content": m["content"]} for m in history]
+
+
+def _check_metrics(metrics, where: str) -> dict | None:
+    if metrics is None:
+        return None
+    _check(isinstance(metrics, dict) and set(metrics) == {"chosen", "rejected"}, where,
+           "'metrics' must be an object with exactly the keys 'chosen' and 'rejected'")
+    for side in ("chosen", "rejected"):
+        scores = metrics[side]
+        _check(isinstance(scores, dict) and set(scores) == set(METRICS), where,
+               f"'metrics.{side}' must have exactly the keys {', '.join(METRICS)}")
+        for k, v in scores.items():
+            _check(isinstance(v, (int, float)) and not isinstance(v, bool), where,
+                   f"'metrics.{side}.{k}' must be a number, got {v!r}")
+    return {side: {k: float(metrics[side][k]) for k in METRICS} for side in ("chosen", "rejected")}
+
+
+def parse_pair(obj, where: str) -> PreferencePair:
+    """Validate one decoded JSON record; errors start with ``where`` (file:line)."""
+    _check(isinstance(obj, dict), where, "record is not a JSON object")
+    known = {"id", "history", "chosen", "rejected", "metrics", "provenance"}
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise DataError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    _check(isinstance(obj.get("id"), str) and obj["id"].strip(), where, "'id' must be a non-empty string")
+    history = _check_history(obj.get("history"), where)
+    for side in ("chosen", "rejected"):
+        _check(isinstance(obj.get(side), str) and obj[side].strip(), where, f"'{side}' must be a non-empty string")
+    _check(obj["chosen"].strip() != obj["rejected"].strip(), where, "'chosen' and 'rejected' are the same text")
+    prov = obj.get("provenance", {})
+    _check(isinstance(prov, dict), where, "'provenance' must be a JSON object")
+    return PreferencePair(obj["id"], history, obj["chosen"], obj["rejected"],
+                          _check_metrics(obj.get("metrics"), where), prov)
+
+
+def load_pairs(path: str | Path) -> list[PreferencePair]:
+    """Read and validate a pairs JSONL file; any problem raises ``DataError`` naming file:line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such preference-pairs file")
+    pairs, seen = [], {}
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            pair = parse_pair(obj, where)
+            if pair.id in seen:
+                raise DataError(f"{where}: duplicate id {pair.id!r} (first on line {seen[pair.id]})")
+            seen[pair.id] = lineno
+            pairs.append(pair)
+    if not pairs:
+        raise DataError(f"{path}: no preference pairs")
+    return pairs
+
+
+def write_pairs(pairs: list[PreferencePair], path: str | Path) -> Path:
+    """Write pairs as JSONL atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for p in pairs:
+                fh.write(json.dumps(p.to_json(), ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------- silver pairs
+
+
+def _truncate(text: str, rng: random.Random) -> str:
+    words = text.split()
+    keep = max(2, int(len(words) * rng.uniform(0.3, 0.6)))
+    return " ".join(words[:keep]).rstrip(".,!?;:")
+
+
+def make_negative(kind: str, state, rng: random.Random, others: list[tuple[str, str]]) -> str:
+    """One rejected reply of ``kind`` for ``state``; ``others`` holds (dialogue_id, counselor turn)."""
+    if kind == "generic":
+        return rng.choice(GENERIC_REASSURANCES)
+    if kind == "lecturing":
+        return rng.choice(LECTURES).format(problem=(state.problem or "problem").lower())
+    if kind == "truncated":
+        return _truncate(state.target, rng)
+    while True:  # other_dialogue; the pool spans hundreds of dialogues, so this ends quickly
+        dialogue_id, text = rng.choice(others)
+        if dialogue_id != state.dialogue_id:
+            return text
+
+
+def bootstrap_pairs(split: str = "train", seed: int = 0, max_pairs: int | None = None) -> list[PreferencePair]:
+    """Silver pairs from ESConv (a stand-in for ESC-Preference; see the module docstring).
+
+    ``split`` is ``train`` or an ESConv-format JSONL path; the evaluation splits are refused so that
+    they stay unseen. With ``max_pairs``, a seeded sample of the eligible states is used.
+    """
+    if split in SPLITS and split != "train":
+        raise UserError(f"--split {split}: silver pairs come from ESConv train only "
+                        "(valid and test stay unseen by the reward model)")
+    if max_pairs is not None and max_pairs < 1:
+        raise UserError(f"--max-pairs must be >= 1, got {max_pairs}")
+    states = [s for s in load_states(split) if len(s.target.split()) >= MIN_GOLD_WORDS]
+    if not states:
+        raise UserError(f"{split}: no dialogue state with a gold turn of >= {MIN_GOLD_WORDS} words")
+    rng = random.Random(seed)
+    others = [(s.dialogue_id, s.target) for s in states]
+    if max_pairs is not None and max_pairs < len(states):
+        states = sorted(rng.sample(states, max_pairs), key=lambda s: (s.dialogue_id, s.turn_index))
+    pairs = []
+    for s in states:
+        kind = rng.choice(NEGATIVE_KINDS)
+        rejected = make_negative(kind, s, rng, others)
+        if rejected.strip() == s.target.strip():  # a duplicate turn elsewhere; fall back to a fixed kind
+            kind, rejected = "generic", rng.choice(GENERIC_REASSURANCES)
+        prov = {"source": "silver-esconv", "split": str(split), "dialogue_id": s.dialogue_id,
+                "turn_index": s.turn_index, "negative": kind, "seed": seed}
+        pairs.append(PreferencePair(f"silver-{s.dialogue_id}-{s.turn_index}", s.history, s.target,
+                                    rejected, None, prov))
+    return pairs
+
+
+def bootstrap_main(args) -> int:
+    """``escrag prefs bootstrap --out FILE [--split train] [--seed N] [--max-pairs N]``."""
+    pairs = bootstrap_pairs(args.split, args.seed, args.max_pairs)
+    write_pairs(pairs, args.out)
+    kinds = Counter(p.provenance["negative"] for p in pairs)
+    print(f"wrote {len(pairs)} silver pairs to {args.out} "
+          f"(negatives: {', '.join(f'{k} {kinds[k]}' for k in NEGATIVE_KINDS)})")
+    print("note: silver pairs are a stand-in for the paper's ESC-Preference data, not a reproduction of it")
+    return 0

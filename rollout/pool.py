@@ -1,0 +1,117 @@
+"""The driver-side pool of rollout workers.
+
+Owns: ``RolloutPool``: starts ``rollout.num_workers`` ``RolloutWorker`` actors, spreads a batch of
+dialogue states across them (one contiguous chunk per worker, so each worker batches its groups),
+gathers the groups in input order, and keeps every worker on the latest weights.
+
+Fault handling: when a worker dies mid-batch, Ray restarts it and its call fails with
+``RayActorError``; the pool re-issues that worker's whole chunk (the dead call returned nothing, so no
+group is lost or counted twice), after bringing the restarted worker back to the latest weights
+version. A chunk is re-issued at most ``rollout.max_reissues`` times. Other errors (a reward server
+that is down, bad data) are not retried here and reach the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import ray
+from ray.exceptions import RayActorError
+
+from escrag.config import Config
+from escrag.data import DialogueState
+from escrag.records import ScoredGroup
+from rollout.worker import RolloutWorker
+
+log = logging.getLogger(__name__)
+
+
+class RolloutPool:
+    def __init__(self, cfg: Config, retriever_url: str | None, reward_url: str):
+        ro = cfg.rollout
+        gpus = ro.worker_gpus or (1.0 if ro.engine == "vllm" else 0.0)
+        opts = {"num_cpus": ro.worker_cpus, "num_gpus": gpus}
+        self.cfg = cfg
+        self.workers = [RolloutWorker.options(**opts).remote(cfg, retriever_url, reward_url, i)
+                        for i in range(ro.num_workers)]
+        self._weights_ref = None
+        self.version = 0  # latest weights version pushed
+        self.reissued = 0  # chunks re-issued after a worker died (for logs and tests)
+
+    def generate(self, states: list[DialogueState]) -> list[ScoredGroup]:
+        """One ``ScoredGroup`` per state, in the order of ``states``."""
+        if not states:
+            return []
+        chunks = _split(list(states), len(self.workers))
+        results: list[list[ScoredGroup] | None] = [None] * len(chunks)
+        pending = {self._submit(i, chunk): (i, 0) for i, chunk in enumerate(chunks)}
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            i, attempts = pending.pop(ref)
+            try:
+                results[i] = ray.get(ref)
+            except RayActorError as exc:
+                if attempts >= self.cfg.rollout.max_reissues:
+                    raise RuntimeError(f"rollout worker {i} died {attempts + 1} times on one chunk; "
+                                       f"giving up ({exc})") from exc
+                log.warning("rollout worker %d died mid-batch; re-issuing its %d states", i,
+                            len(chunks[i]))
+                self.reissued += 1
+                pending[self._submit(i, chunks[i])] = (i, attempts + 1)
+        return [g for chunk in results for g in chunk]
+
+    def _submit(self, i: int, states: list[DialogueState]):
+        self._catch_up(self.workers[i])
+        return self.workers[i].generate_groups.remote(states)
+
+    def _catch_up(self, worker) -> None:
+        """Wait until a (possibly restarting) worker answers, then give it the latest weights."""
+        deadline = time.monotonic() + self.cfg.rollout.restart_timeout_s
+        delay = 0.1
+        while True:
+            try:
+                if ray.get(worker.version.remote()) < self.version and self._weights_ref is not None:
+                    ray.get(worker.load_weights.remote(self._weights_ref, self.version))
+                return
+            except RayActorError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(delay)  # Ray is restarting it: __init__ loads the model again
+                delay = min(2 * delay, 2.0)
+
+    def push_weights(self, weights: dict, version: int) -> None:
+        """Put ``weights`` in the object store once and load them into every worker. A worker that is
+        dead right now gets them when it next generates."""
+        if version <= self.version:
+            from rollout.engine import StaleWeightsError
+
+            raise StaleWeightsError(f"weights version {version} is not newer than {self.version}")
+        ref = ray.put(weights)
+        self._weights_ref, self.version = ref, version
+        calls = [w.load_weights.remote(ref, version) for w in self.workers]
+        for call in calls:
+            try:
+                ray.get(call)
+            except RayActorError:
+                log.warning("a rollout worker died while loading weights; it catches up later")
+
+    def versions(self) -> list[int]:
+        return ray.get([w.version.remote() for w in self.workers])
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        self.workers = []
+
+
+def _split(items: list, n: int) -> list[list]:
+    """At most ``n`` contiguous non-empty chunks whose sizes differ by at most one."""
+    n = max(1, min(n, len(items)))
+    size, extra = divmod(len(items), n)
+    chunks, start = [], 0
+    for i in range(n):
+        end = start + size + (i < extra)
+        chunks.append(items[start:end])
+        start = end
+    return chunks

@@ -1,0 +1,127 @@
+"""The counselor API driven by the official ``openai`` client against a real ``escrag serve counselor``
+process (tiny random policy, a real retriever process over a 40-chunk ESConv index): non-streaming and
+SSE streaming give the same seeded reply, the ``escrag`` field carries think/initial/exemplars/risk, a
+high-risk conversation gets ``risk: high`` with reasons and a crisis notice, bad requests get a 422
+with a detail, ``--no-rag`` without a retriever is a clear CLI error; ``rag_answer`` (used by the demo
+job) runs in-process on the same retriever.
+Run: .venv/bin/python -m pytest -q tests/test_counselor.py"""
+
+import asyncio
+import subprocess
+import sys
+
+import openai
+import pytest
+from conftest import _stop, _wait_http, free_port
+
+from escrag.config import load_config
+from escrag.data import load_states
+
+ARGS = ["-o", "rollout.max_new_tokens_stage1=8", "-o", "rollout.max_new_tokens_stage2=12",
+        "-o", "retriever.k=2", "-o", "rollout.torch_threads=1"]
+CRISIS = "I've decided to end my life tonight. I already have the pills ready."
+
+
+def _start(cmd: list[str], log) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    with log.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "escrag", *cmd, "--port", str(port)], stdout=fh,
+                                stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def urls(tmp_path_factory, tiny_model):
+    """Retriever and counselor processes, started once for this module (conftest's helpers)."""
+    tmp = tmp_path_factory.mktemp("counselor")
+    subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out",
+                    str(tmp / "index"), "--limit", "40"], check=True, capture_output=True)
+    procs = []
+    try:
+        retr, rurl = _start(["serve", "retriever", "--index", str(tmp / "index")], tmp / "r.log")
+        procs.append(retr)
+        _wait_http(f"{rurl}/health", retr, tmp / "r.log", 180)
+        couns, curl = _start(["serve", "counselor", "--policy", tiny_model, "--retriever", rurl,
+                              "--config", "configs/cpu-test.yaml", *ARGS], tmp / "c.log")
+        procs.append(couns)
+        _wait_http(f"{curl}/health", couns, tmp / "c.log", 180)
+        yield {"retriever": rurl, "counselor": curl}
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+@pytest.fixture(scope="module")
+def client(urls):
+    return openai.OpenAI(base_url=f"{urls['counselor']}/v1", api_key="unused", max_retries=0)
+
+
+MESSAGES = [{"role": "user", "content": "I failed my driving test again and I feel stupid."},
+            {"role": "assistant", "content": "That sounds really frustrating."},
+            {"role": "user", "content": "Yes, everyone else passed on the first try."}]
+
+
+def test_chat_completion_and_stream_agree(client):
+    resp = client.chat.completions.create(model="counselor", messages=MESSAGES, seed=11, temperature=1.0)
+    assert resp.object == "chat.completion" and resp.choices[0].message.role == "assistant"
+    reply = resp.choices[0].message.content
+    extra = resp.model_extra["escrag"]
+    assert set(extra) >= {"think", "initial", "exemplars", "risk", "reasons", "output"}
+    assert extra["risk"] == "none" and len(extra["exemplars"]) == 2
+    assert {"id", "history", "response"} <= set(extra["exemplars"][0])
+    assert resp.usage.completion_tokens > 0 and resp.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.chat.completions.create(model="counselor", messages=MESSAGES, seed=11,
+                                                 temperature=1.0, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert streamed == reply
+    assert chunks[-1].choices[0].finish_reason == resp.choices[0].finish_reason
+    assert chunks[-1].model_extra["escrag"]["output"] == extra["output"]
+
+
+def test_high_risk_conversation(client):
+    msgs = [{"role": "user", "content": "Work has been awful."},
+            {"role": "assistant", "content": "I'm sorry, tell me more."},
+            {"role": "user", "content": CRISIS}]
+    resp = client.chat.completions.create(model="counselor", messages=msgs, temperature=0.0)
+    extra = resp.model_extra["escrag"]
+    assert extra["risk"] == "high" and extra["reasons"] and "suicide" in extra["categories"]
+    text = resp.choices[0].message.content
+    assert "crisis line" in text and "988" in text
+    chunks = list(client.chat.completions.create(model="counselor", messages=msgs, temperature=0.0,
+                                                 stream=True))
+    assert "988" in "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].model_extra["escrag"]["risk"] == "high"
+
+
+def test_bad_requests_get_422_with_detail(client):
+    with pytest.raises(openai.UnprocessableEntityError) as err:
+        client.chat.completions.create(model="c", messages=[{"role": "assistant", "content": "hi"}])
+    assert "last message must have role 'user'" in err.value.response.json()["detail"]
+    with pytest.raises(openai.UnprocessableEntityError) as err:
+        client.chat.completions.create(model="c", messages=MESSAGES, n=2)
+    assert "n=1" in err.value.response.json()["detail"]
+
+
+def test_no_retriever_is_a_cli_error(tiny_model):
+    proc = subprocess.run([sys.executable, "-m", "escrag", "serve", "counselor", "--policy", tiny_model],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--retriever URL is required unless --no-rag" in proc.stderr
+
+
+def test_rag_answer_in_process(urls, tiny_model):
+    from retriever_server.client import RetrieverClient
+    from rollout.counselor_api import rag_answer
+    from rollout.hf_engine import HFEngine
+    from rollout.safety import RiskClassifier
+
+    cfg = load_config("configs/cpu-test.yaml", [a for a in ARGS if a != "-o"])
+    engine = HFEngine(tiny_model)
+    from retriever_server.embed import load_embedder
+
+    clf = RiskClassifier(load_embedder("packaged:minilm"))
+    state = load_states("test")[0]
+    ans = asyncio.run(rag_answer(state, engine, RetrieverClient(urls["retriever"]), cfg, clf))
+    assert {"response", "think", "initial", "exemplars", "risk", "reasons"} <= set(ans)
+    assert len(ans["exemplars"]) == 2 and ans["risk"] in ("none", "elevated", "high")
+    plain = asyncio.run(rag_answer(state.history, engine, None, cfg, clf))
+    assert plain["exemplars"] == [] and plain["initial"] == ""

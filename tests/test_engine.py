@@ -1,0 +1,139 @@
+"""The transformers generation engine on the tiny random Qwen2: left-padded batching gives the same
+tokens and log-probs as one prompt alone, log-probs equal a teacher-forced forward at temperature 1,
+sampling is deterministic under a seed, top-k/top-p truncate as specified, stop strings and EOS end a
+row (kept in the completion), versioned partial weight loads take effect and reject bad input, and the
+scheduler merges concurrent requests into one batch.
+Run: .venv/bin/python -m pytest -q tests/test_engine.py"""
+
+import asyncio
+
+import pytest
+import torch
+
+from escrag.prompts import render, stage1_messages
+from rollout.engine import EngineScheduler, SamplingParams, StaleWeightsError
+from rollout.hf_engine import HFEngine, sample
+
+GREEDY = SamplingParams(12, temperature=0.0, stop_strings=())
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    return HFEngine(tiny_model, seed=0)
+
+
+def _prompt(tok, text: str) -> list[int]:
+    return tok(render(tok, stage1_messages([{"role": "user", "content": text}])),
+               add_special_tokens=False).input_ids
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    tok = engine.tokenizer
+    return [_prompt(tok, "I lost my job."), _prompt(tok, "My partner left me last week and I can't "
+                                                         "stop crying, everything feels pointless now.")]
+
+
+def _teacher_forced(engine, prompt, completion):
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logp = engine.model(ids).logits[0].float().log_softmax(-1)
+    return logp[len(prompt) - 1:-1].gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def test_left_padded_batch_matches_single_prompt(engine, prompts):
+    short, long = prompts
+    assert len(short) < len(long)
+    alone = engine.generate([short], GREEDY)[0]
+    batched = engine.generate([long, short], GREEDY)[1]
+    assert batched.token_ids == alone.token_ids
+    assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    assert len(alone.token_ids) == 12 and alone.finish_reason == "length"
+
+
+def test_logprobs_are_raw_temperature_one(engine, prompts):
+    params = SamplingParams(10, temperature=0.7, top_p=0.9, top_k=20, seed=1, stop_strings=())
+    for prompt, gen in zip(prompts, engine.generate(prompts, params)):
+        ref = _teacher_forced(engine, prompt, gen.token_ids)
+        assert torch.allclose(torch.tensor(gen.logprobs), ref, atol=1e-4)
+
+
+def test_seeded_sampling_is_deterministic(engine, prompts):
+    params = SamplingParams(16, temperature=1.0, top_p=1.0, top_k=0, seed=7, stop_strings=())
+    a = engine.generate(prompts, params)
+    b = engine.generate(prompts, params)
+    c = engine.generate(prompts, SamplingParams(16, 1.0, 1.0, 0, seed=8, stop_strings=()))
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+
+
+def test_top_k_one_is_greedy(engine, prompts):
+    greedy = engine.generate(prompts, GREEDY)
+    topk1 = engine.generate(prompts, SamplingParams(12, temperature=1.3, top_k=1, seed=3, stop_strings=()))
+    assert [g.token_ids for g in greedy] == [g.token_ids for g in topk1]
+
+
+def test_sampler_truncates_to_top_p_inside_top_k():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(4000, 1)
+    gen = torch.Generator().manual_seed(0)
+    tok, logp = sample(logits, SamplingParams(1, temperature=1.0, top_p=0.7, top_k=0), gen)
+    counts = torch.bincount(tok, minlength=4).float() / len(tok)
+    assert counts[2] == 0 and counts[3] == 0  # outside the top-p nucleus
+    assert counts[0] == pytest.approx(0.5 / 0.8, abs=0.03)
+    assert torch.allclose(logp, probs.log()[tok])  # raw log-probs, not the renormalised ones
+    tok, _ = sample(logits, SamplingParams(1, temperature=1.0, top_p=1.0, top_k=3), gen)
+    assert set(tok.tolist()) == {0, 1, 2}
+
+
+def test_stop_string_ends_the_row_after_it(engine, prompts):
+    full = engine.generate([prompts[1]], SamplingParams(24, temperature=0.0, stop_strings=()))[0]
+    assert len(full.text) > 6, full.text
+    stop = full.text[3:6]
+    cut = engine.generate([prompts[1]], SamplingParams(24, temperature=0.0, stop_strings=(stop,)))[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[:full.text.index(stop) + len(stop)]
+    assert cut.token_ids == full.token_ids[:len(cut.token_ids)] and len(cut.token_ids) < 24
+
+
+def test_eos_is_kept_and_stops(tiny_model, prompts):
+    eng = HFEngine(tiny_model)
+    full = eng.generate([prompts[0]], GREEDY)[0]
+    eng.eos_ids = {full.token_ids[3]}  # pretend the 4th greedy token is the EOS
+    first = full.token_ids.index(full.token_ids[3])
+    cut = eng.generate([prompts[0]], GREEDY)[0]
+    assert cut.token_ids == full.token_ids[:first + 1] and cut.finish_reason == "stop"
+
+
+def test_load_weights_partial_versioned_and_validated(tiny_model, prompts):
+    eng = HFEngine(tiny_model)
+    before = {k: v.clone() for k, v in eng.model.state_dict().items()}
+    vocab = eng.model.config.vocab_size
+    with pytest.raises(KeyError, match="unknown parameter"):
+        eng.load_weights({"model.norm.weight": torch.zeros(64), "nope.weight": torch.zeros(1)}, 1)
+    with pytest.raises(ValueError, match="shape"):
+        eng.load_weights({"model.norm.weight": torch.zeros(3)}, 1)
+    assert eng.version == 0 and torch.equal(eng.model.model.norm.weight, before["model.norm.weight"])
+    eng.load_weights({"model.norm.weight": torch.zeros(64)}, version=1)  # final norm 0 -> flat logits
+    assert eng.version == 1
+    gen = eng.generate([prompts[0]], GREEDY)[0]
+    assert gen.logprobs == pytest.approx([-torch.log(torch.tensor(float(vocab))).item()] * 12, abs=1e-4)
+    after = eng.model.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed == ["model.norm.weight"]
+    with pytest.raises(StaleWeightsError):
+        eng.load_weights({"model.norm.weight": before["model.norm.weight"]}, version=1)
+
+
+def test_scheduler_merges_concurrent_requests(engine, prompts):
+    sched = EngineScheduler(engine, max_batch=8)
+
+    async def both():
+        return await asyncio.gather(sched.generate([prompts[0]], GREEDY),
+                                    sched.generate([prompts[1]] * 2, GREEDY),
+                                    sched.generate([prompts[0]], SamplingParams(4, temperature=0.0)))
+
+    a, b, c = asyncio.run(both())
+    assert [rows for rows, _ in sched.calls] == [3, 1]  # equal params share one call
+    assert a[0].token_ids == engine.generate([prompts[0]], GREEDY)[0].token_ids
+    assert b[0].token_ids == b[1].token_ids and len(c[0].token_ids) <= 4

@@ -1,0 +1,120 @@
+"""Reward model pieces on the tiny random Qwen2: RM inputs are truncated from the left of the history
+only (the reply is never cut) and flagged; scores do not depend on the batch; the feature cache runs
+the backbone once per input and is keyed by backbone; a head folder round-trips and refuses another
+backbone or a changed one.
+Run: .venv/bin/python -m pytest -q tests/test_reward_model.py"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from escrag.errors import UserError
+from reward_server.features import FeatureCache, cached_features
+from reward_server.model import Backbone, RewardModel, check_backbone, load_head, read_manifest, save_head
+
+REPLY = "It sounds like you have been carrying a lot on your own lately. What has been the hardest part?"
+
+
+def _history(turns: int) -> list[dict]:
+    msgs = []
+    for i in range(turns):
+        msgs.append({"role": "user", "content": f"client turn {i}: " + "I feel lost and tired " * 4})
+        msgs.append({"role": "assistant", "content": f"counselor turn {i}: tell me more."})
+    return msgs[:-1]  # ends with the client
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    return Backbone("tiny-random:qwen2", "float32", max_length=96)
+
+
+def test_short_input_is_whole_and_untruncated(backbone):
+    enc = backbone.encode(_history(1), REPLY)
+    text = backbone.tokenizer.decode(enc.ids)
+    assert not enc.truncated and len(enc.ids) <= 96
+    assert "client turn 0" in text and text.rstrip().endswith(REPLY + "<|im_end|>")
+    assert text.startswith("<|im_start|>system\nJudge")
+
+
+def test_long_history_loses_its_left_end_never_the_reply(backbone):
+    enc = backbone.encode(_history(8), REPLY)
+    text = backbone.tokenizer.decode(enc.ids)
+    assert enc.truncated and len(enc.ids) == 96
+    assert text.startswith("<|im_start|>system\nJudge")  # the RM instruction is kept
+    assert "client turn 0" not in text and "client turn 7" in text
+    assert text.rstrip().endswith(REPLY + "<|im_end|>")
+
+
+def test_reply_longer_than_window_is_kept_whole(backbone):
+    long_reply = " ".join(f"word{i}" for i in range(120))
+    enc = backbone.encode(_history(3), long_reply)
+    text = backbone.tokenizer.decode(enc.ids)
+    assert enc.truncated and len(enc.ids) > 96
+    assert long_reply in text and "client turn" not in text
+
+
+def test_features_do_not_depend_on_the_batch(backbone):
+    seqs = [backbone.encode(_history(k), REPLY).ids for k in (1, 2, 8)]
+    batch = backbone.features(seqs)
+    assert batch.shape == (3, backbone.hidden_size)
+    for i, s in enumerate(seqs):
+        assert torch.allclose(backbone.features([s])[0], batch[i], atol=1e-4)
+    assert not torch.allclose(batch[0], batch[1])
+
+
+def test_feature_cache_computes_once_and_is_keyed_by_backbone(backbone, tmp_path):
+    seqs = [backbone.encode(_history(k), r).ids for k in (1, 2) for r in (REPLY, "ok then")]
+    cache = FeatureCache(tmp_path, backbone.fingerprint, backbone.hidden_size)
+    before = backbone.forward_passes
+    first, stats = cached_features(backbone, seqs + seqs[:1], cache, batch_size=3)
+    assert stats == {"cached": 1, "computed": 4} and backbone.forward_passes - before == 4
+    again, stats = cached_features(backbone, seqs, FeatureCache(tmp_path, backbone.fingerprint, backbone.hidden_size))
+    assert stats == {"cached": 4, "computed": 0} and backbone.forward_passes - before == 4
+    np.testing.assert_array_equal(first[:4], again)
+    np.testing.assert_allclose(first[0], backbone.features([seqs[0]])[0].numpy(), atol=1e-5)
+    other = FeatureCache(tmp_path, "another-backbone", backbone.hidden_size)
+    assert other.get([other.key(s) for s in seqs]) == {} and other.key(seqs[0]) != cache.key(seqs[0])
+
+
+def _manifest(bb):
+    return {"backbone": bb.spec, "backbone_fingerprint": bb.fingerprint, "dtype": bb.dtype,
+            "max_length": bb.max_length, "max_history_turns": None}
+
+
+def test_head_round_trip_and_scores(backbone, tmp_path):
+    weight = torch.linspace(-1, 1, backbone.hidden_size)
+    save_head(tmp_path / "rm", weight, 0.25, _manifest(backbone))
+    w, b, manifest = load_head(tmp_path / "rm")
+    assert torch.equal(w, weight) and b == 0.25 and manifest["hidden_size"] == backbone.hidden_size
+    rm = RewardModel.load(tmp_path / "rm")
+    items = [(_history(1), REPLY), (_history(8), "ok")]
+    scores, truncated = rm.score(items)
+    feats = backbone.features([backbone.encode(h, r).ids for h, r in items])
+    assert scores == pytest.approx((feats @ weight + 0.25).tolist(), abs=1e-4)
+    assert truncated == [False, True]
+
+
+def test_head_refuses_another_or_changed_backbone(backbone, tmp_path):
+    save_head(tmp_path / "rm", torch.zeros(backbone.hidden_size), 0.0, _manifest(backbone))
+    manifest = read_manifest(tmp_path / "rm")
+    with pytest.raises(UserError, match="trained on backbone 'tiny-random:qwen2', not 'tiny-random:llama'"):
+        check_backbone(manifest, tmp_path / "rm", "tiny-random:llama")
+    check_backbone(manifest, tmp_path / "rm", "tiny-random:qwen2")  # same backbone: fine
+    manifest["backbone_fingerprint"] = "0" * 16
+    (tmp_path / "rm" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="retrain the head"):
+        RewardModel.load(tmp_path / "rm")
+
+
+def test_bad_head_folders_fail_clearly(backbone, tmp_path):
+    with pytest.raises(UserError, match="not a reward-model folder"):
+        load_head(tmp_path)
+    save_head(tmp_path / "rm", torch.zeros(backbone.hidden_size), 0.0, _manifest(backbone))
+    (tmp_path / "rm" / "head.safetensors").unlink()
+    with pytest.raises(UserError, match="head.safetensors is missing"):
+        load_head(tmp_path / "rm")
+    (tmp_path / "rm" / "manifest.json").write_text("{")
+    with pytest.raises(UserError, match="invalid JSON"):
+        load_head(tmp_path / "rm")

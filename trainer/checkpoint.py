@@ -1,0 +1,111 @@
+"""Training state that survives a crash: the data sampler and atomic checkpoints.
+
+Owns: ``StateSampler`` (seeded epoch permutations over the train states; its position is two ints)
+and ``save_checkpoint`` / ``load_latest``. A checkpoint folder ``checkpoints/step-NNNNNN/`` holds the
+learner state (trainable parameters, i.e. the LoRA adapter or the full policy, the optimizer, the
+weights version), ``state.json`` (completed steps, sampler position) and ``rng.pt`` (Python, NumPy
+and torch RNG states of the driver). It is written to a temp folder and renamed into place, then the
+``latest`` file is replaced atomically, so a kill at any moment leaves the previous checkpoint usable.
+
+Not restored: the rollout workers' sampling generators (they live in other processes); a resumed run
+continues at exactly the same step and data position, but its samples are fresh draws.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class StateSampler:
+    """Batches of state indices: epoch e visits a permutation seeded by (seed, e); a batch that
+    crosses an epoch boundary continues into the next epoch."""
+
+    def __init__(self, n: int, batch: int, seed: int = 0):
+        if n < 1:
+            raise ValueError("no training states")
+        self.n, self.batch, self.seed = n, batch, seed
+        self.epoch, self.index = 0, 0
+
+    def _perm(self, epoch: int) -> list[int]:
+        order = list(range(self.n))
+        random.Random(self.seed * 100_003 + epoch).shuffle(order)
+        return order
+
+    def next_batch(self) -> list[int]:
+        out = []
+        while len(out) < self.batch:
+            perm = self._perm(self.epoch)
+            take = perm[self.index:self.index + self.batch - len(out)]
+            out += take
+            self.index += len(take)
+            if self.index >= self.n:
+                self.epoch, self.index = self.epoch + 1, 0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index, "n": self.n, "batch": self.batch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["n"], state["batch"], state["seed"]) != (self.n, self.batch, self.seed):
+            raise ValueError(f"checkpoint sampler (n, batch, seed) = {(state['n'], state['batch'], state['seed'])} "
+                             f"does not match this run's {(self.n, self.batch, self.seed)}")
+        self.epoch, self.index = state["epoch"], state["index"]
+
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(root: str | Path, step: int, learner_state: dict, state: dict, keep: int = 2) -> Path:
+    """Write ``root/step-NNNNNN`` atomically, point ``root/latest`` at it, keep the newest ``keep``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    try:
+        torch.save(learner_state, tmp / "learner.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _write_text(root / "latest", final.name + "\n")
+    for old in sorted(root.glob("step-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_latest(root: str | Path) -> tuple[dict, dict] | None:
+    """(learner state, run state with "step") of the latest checkpoint, restoring the driver's RNG
+    states; None when there is no checkpoint."""
+    root = Path(root)
+    pointer = root / "latest"
+    if not pointer.is_file():
+        return None
+    folder = root / pointer.read_text().strip()
+    state = json.loads((folder / "state.json").read_text())
+    learner_state = torch.load(folder / "learner.pt", weights_only=False)
+    _set_rng_state(torch.load(folder / "rng.pt", weights_only=False))
+    return learner_state, state

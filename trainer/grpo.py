@@ -1,0 +1,96 @@
+"""GRPO math as pure tensor functions (paper eq. 9-11): advantages, clipped ratio loss, k3 KL.
+
+Owns: ``group_advantages`` and ``policy_loss``. Tensors in, tensors out: no I/O, no config, no model.
+
+Departures from the paper, each selectable:
+1. Ratio. Eq. 10 is one ratio per sequence, π_θ(c|·) / π_old(c|·). Like standard GRPO code we
+   default to per-token ratios (``ratio_level="token"``); ``"sequence"`` uses exp(Σ_t Δlogp_t) over
+   the sequence's trained tokens, i.e. eq. 10 literally, and gives every token of a sequence the same
+   clipped surrogate.
+2. KL. Eq. 11 has no KL term; Table 4 lists a KL coefficient (0.05). We add the k3 estimator
+   exp(ref - logp) - (ref - logp) - 1 per token (non-negative, unbiased for KL(π_θ || π_ref)).
+3. Aggregation. ``"token_mean"`` (default) averages over all trained tokens of the batch;
+   ``"seq_mean"`` averages per sequence, then over sequences (eq. 11's 1/N Σ_j). ``denom`` lets a
+   caller that splits one batch into micro-batches pass the whole batch's token (or sequence) count,
+   so the micro-batch losses sum exactly to the whole-batch loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """Eq. 9: A = (r - mean_group r) / sqrt(var_group r + eps), population variance.
+
+    rewards: [G, N] (G groups of N samples) -> advantages [G, N]. A constant group gives zeros.
+    """
+    rewards = rewards.float()
+    mean = rewards.mean(dim=-1, keepdim=True)
+    var = ((rewards - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (rewards - mean) / torch.sqrt(var + eps)
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(π_θ || π_ref): exp(ref - logp) - (ref - logp) - 1. [B, T] -> [B, T]."""
+    delta = ref_logp - logp
+    return torch.exp(delta) - delta - 1.0
+
+
+def _aggregate(values: Tensor, mask: Tensor, loss_agg: str, denom: float | None) -> Tensor:
+    """Masked reduction of per-token ``values`` [B, T] to a scalar (see module docstring, point 3)."""
+    if loss_agg == "token_mean":
+        n = mask.sum() if denom is None else denom
+        return (values * mask).sum() / max(float(n), 1.0)
+    if loss_agg == "seq_mean":
+        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        n = mask.shape[0] if denom is None else denom
+        return per_seq.sum() / max(float(n), 1.0)
+    raise ValueError(f"loss_agg must be 'token_mean' or 'seq_mean', got {loss_agg!r}")
+
+
+def _ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, ratio_level: str) -> Tensor:
+    """Importance ratio per token [B, T]; at sequence level every token carries the sequence ratio."""
+    delta = (logp - old_logp) * mask
+    if ratio_level == "token":
+        return torch.exp(delta)
+    if ratio_level == "sequence":
+        return torch.exp(delta.sum(-1, keepdim=True)).expand_as(logp)
+    raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
+
+
+def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
+                clip_eps: float = 0.2, kl_coef: float = 0.05, ratio_level: str = "token",
+                loss_agg: str = "token_mean", denom: float | None = None) -> tuple[Tensor, dict]:
+    """Clipped GRPO loss (eq. 11, negated for minimisation) plus ``kl_coef`` x k3 KL.
+
+    logp, old_logp, ref_logp, mask: [B, T] (log-probs of the sampled tokens under the current,
+    behaviour and reference policies; mask 1 on trained tokens). advantages: [B].
+    ``ref_logp`` may be None when ``kl_coef`` is 0. Returns (scalar loss, metrics of detached
+    scalars: pg_loss, kl, clip_frac, ratio_mean, tokens).
+    """
+    mask = mask.to(logp.dtype)
+    ratio = _ratio(logp, old_logp, mask, ratio_level)
+    adv = advantages.to(logp.dtype).unsqueeze(-1)  # [B, 1]
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    pg = -torch.minimum(unclipped, clipped)  # [B, T]
+    pg_loss = _aggregate(pg, mask, loss_agg, denom)
+    if kl_coef > 0.0 and ref_logp is not None:
+        kl = k3_kl(logp, ref_logp)
+        kl_loss = _aggregate(kl, mask, loss_agg, denom)
+    else:
+        kl = torch.zeros_like(logp)
+        kl_loss = pg_loss.new_zeros(())
+    loss = pg_loss + kl_coef * kl_loss
+    n = mask.sum().clamp(min=1.0)
+    with torch.no_grad():
+        metrics = {
+            "pg_loss": pg_loss.detach(),
+            "kl": (kl.detach() * mask).sum() / n,
+            "clip_frac": ((clipped < unclipped).to(mask.dtype) * mask).sum() / n,
+            "ratio_mean": (ratio.detach() * mask).sum() / n,
+            "tokens": mask.sum(),
+        }
+    return loss, metrics

@@ -1,0 +1,79 @@
+"""Per-step training metrics: a JSONL log, TensorBoard scalars and the final PNG of reward and KL.
+
+Owns: ``MetricsLog`` (append one JSON object per step; on resume, lines past the checkpoint's step
+are dropped so the log reads as one uninterrupted run) and ``plot_curves``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+class MetricsLog:
+    def __init__(self, out_dir: str | Path, resume_step: int | None = None, tensorboard: bool = True):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            self.path.write_text("")
+        else:
+            self._truncate(resume_step)
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+
+    def _truncate(self, step: int) -> None:
+        rows = read_metrics(self.path) if self.path.exists() else []
+        keep = "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step)
+        tmp = self.path.with_name(".metrics.jsonl.tmp")
+        tmp.write_text(keep)
+        os.replace(tmp, self.path)
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.tb.add_scalar(f"train/{key}", value, row["step"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_curves(rows: list[dict], out: str | Path) -> Path:
+    """Reward mean (± std) and KL per step, written atomically as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    steps = [r["step"] for r in rows]
+    mean = [r.get("reward_mean", float("nan")) for r in rows]
+    std = [r.get("reward_std", 0.0) for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax1.plot(steps, mean, marker="o", label="reward mean")
+    ax1.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    ax1.plot(steps, [r.get("format_mean", float("nan")) for r in rows], ls="--", label="format part")
+    ax1.set_xlabel("step")
+    ax1.set_title("reward")
+    ax1.legend()
+    ax2.plot(steps, [r.get("kl", float("nan")) for r in rows], marker="o", color="tab:red")
+    ax2.set_xlabel("step")
+    ax2.set_title("KL to reference (k3)")
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.stem}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,138 @@
+"""The trainable policy: a causal LM, optionally wrapped with LoRA (peft), and its merged export.
+
+Owns: building the policy from ``PolicyConfig`` (SFT and the GRPO learner share it), the merged
+base-model weights under LoRA (W + scale·B·A, with the base model's HF parameter names), and saving a
+plain model folder that ``escrag.models.load_causal_lm`` loads, so every other part of the project
+only ever sees a path. Saving is atomic (temp folder, then ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from escrag.config import PolicyConfig
+from escrag.models import load_causal_lm, load_tokenizer
+
+PEFT_PREFIX = "base_model.model."
+
+
+def build_policy(cfg: PolicyConfig, model: str | None = None):
+    """(model, tokenizer) for ``model`` (default ``cfg.model``); with LoRA, a peft model whose base
+    weights are frozen. Returns the model in train mode."""
+    spec = model or cfg.model
+    tok = load_tokenizer(spec)
+    lm = load_causal_lm(spec, cfg.dtype)
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lc = cfg.lora
+        peft_cfg = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+                              target_modules=list(lc.target_modules), task_type="CAUSAL_LM")
+        lm = get_peft_model(lm, peft_cfg)
+    lm.train()
+    return lm, tok
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def _lora_layers(model):
+    """(base-model name, LoraLayer) for every LoRA-wrapped module."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name.removeprefix(PEFT_PREFIX), module
+
+
+@torch.no_grad()
+def lora_merged_weights(model) -> dict[str, torch.Tensor]:
+    """Under LoRA: ``{"<module>.weight": W + ΔW}`` for the LoRA target modules only (HF base names)."""
+    out = {}
+    for name, layer in _lora_layers(model):
+        weight = layer.get_base_layer().weight.detach().clone()
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                weight += layer.get_delta_weight(adapter).to(weight.dtype)
+        out[f"{name}.weight"] = weight
+    return out
+
+
+@torch.no_grad()
+def merged_state_dict(model) -> dict[str, torch.Tensor]:
+    """Every parameter of the base model with HF names; LoRA deltas merged in."""
+    if not is_lora(model):
+        return {n: p.detach() for n, p in model.named_parameters()}
+    merged = lora_merged_weights(model)
+    out = {}
+    for name, p in model.get_base_model().named_parameters():
+        if "lora_" in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        out[name] = merged.get(name, p.detach())
+    return out
+
+
+def base_config(model):
+    return model.get_base_model().config if is_lora(model) else model.config
+
+
+def save_merged(model, tokenizer, out: str | Path, meta: dict | None = None) -> Path:
+    """Write a plain HF model folder (safetensors, config, tokenizer) atomically; returns ``out``."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        state = {k: v.contiguous().cpu() for k, v in merged_state_dict(model).items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = base_config(model)
+        config.save_pretrained(tmp)
+        gen = getattr(model, "generation_config", None)
+        if gen is not None:
+            gen.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "escrag_meta.json").write_text(json.dumps(meta or {}, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def left_pad(seqs: list[list[int]], pad_id: int):
+    """Left-pad token lists -> (input_ids, attention_mask, position_ids), each [B, T]. Positions
+    count real tokens only, so a sequence scores the same whatever the padding around it."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, T - len(s):] = torch.tensor(s, dtype=torch.long)
+        attn[i, T - len(s):] = 1
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    return ids, attn, pos
+
+
+def tail_logprobs(model, seqs: list[list[int]], keep: int, pad_id: int) -> torch.Tensor:
+    """log π(x_t | x_<t) for the last ``keep`` tokens of every sequence: [B, keep] (float32).
+
+    Sequences are left-padded so their ends line up, and the LM head runs on the last ``keep + 1``
+    positions only (``logits_to_keep``): on a 49k vocabulary the head and the log-softmax dominate
+    the cost of a small model otherwise. Log-probs are of the raw logits (temperature 1).
+    """
+    ids, attn, pos = left_pad(seqs, pad_id)
+    keep = min(keep, ids.shape[1] - 1)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep + 1).logits
+    logits = logits[:, :-1].float()  # [B, keep, V]: position j predicts token T - keep + j
+    target = ids[:, -keep:]
+    picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
