@@ -32,6 +32,9 @@ demo: install
 test: install
 	@$(PY) -m pytest -q tests
 
+bench: install
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
 lint: install
 	@$(PY) -m ruff check .
 

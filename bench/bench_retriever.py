@@ -22,8 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from escrag.config import load_config  # noqa: E402
 from escrag.data import load_states  # noqa: E402
+from escrag.servers import ServerProcess  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -85,33 +84,6 @@ def summary(n: int, seconds: float, lat: list[float]) -> dict:
             "p50_ms": round(float(np.percentile(ms, 50)), 1), "p99_ms": round(float(np.percentile(ms, 99)), 1)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(index: Path, config: str | None, log: Path) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "escrag", "serve", "retriever", "--index", str(index), "--port", str(port)]
-    cmd += ["--config", config] if config else []
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError(f"server not up:\n{log.read_text()[-3000:]}")
-
-
 async def load(url: str, qs: list[str], concurrency: int) -> dict:
     """``concurrency`` clients, each sending single-query requests until ``qs`` is used up."""
     import httpx
@@ -145,7 +117,9 @@ def batch_sizes(url: str) -> dict:
 def run_server(index: Path, args, qs: list[str]) -> dict:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(index, args.config, Path(tmp) / "server.log")
+        server = ServerProcess("retriever", ["retriever", "--index", str(index)]
+                               + (["--config", args.config] if args.config else []), Path(tmp), timeout=300)
+        url = server.url
         try:
             for c in [int(x) for x in args.concurrency.split(",")]:
                 before = batch_sizes(url)
@@ -154,8 +128,7 @@ def run_server(index: Path, args, qs: list[str]) -> dict:
                 n_batches = after["batches"] - before["batches"]
                 rows[f"server c{c}"]["mean_batch"] = round((after["queries"] - before["queries"]) / max(n_batches, 1), 1)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            server.stop()
     return rows
 
 

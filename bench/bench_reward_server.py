@@ -20,9 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from escrag.data import load_states  # noqa: E402
+from escrag.servers import ServerProcess  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
 
 
@@ -53,29 +51,6 @@ def random_head(backbone: str, max_length: int, out: Path) -> Path:
     manifest = {"backbone": backbone, "backbone_fingerprint": backbone_fingerprint(backbone, "float32"),
                 "dtype": "float32", "max_length": max_length, "max_history_turns": None}
     return save_head(out, weight, 0.0, manifest)
-
-
-def start_server(head: Path, batch: int, log: Path) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "escrag", "serve", "reward", "--rm", str(head), "--port", str(port),
-           "-o", f"reward.max_batch={batch}", "-o", "reward.max_wait_ms=5"]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("server did not start")
 
 
 async def server_round(url: str, items: list[dict], concurrency: int) -> float:
@@ -120,7 +95,9 @@ def main(argv=None) -> int:
     items = make_items(args.items, args.history_turns)
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(args.rm) if args.rm else random_head(args.backbone, args.max_length, Path(tmp) / "head")
-        proc, url = start_server(head, args.batch, Path(tmp) / "server.log")
+        server = ServerProcess("reward", ["reward", "--rm", str(head), "-o", f"reward.max_batch={args.batch}",
+                                          "-o", "reward.max_wait_ms=5"], Path(tmp), timeout=300)
+        url = server.url
         try:
             rm = RewardModel.load(head)
             rm.score([(items[0]["history"], "warm up")])
@@ -133,8 +110,7 @@ def main(argv=None) -> int:
 
             health = httpx.get(f"{url}/health").json()
         finally:
-            proc.terminate()
-            proc.wait(30)
+            server.stop()
     ratio = max(served) / max(local)
     print(f"\nreward scoring throughput: {head} ({rm.manifest['backbone']}), {args.items} items, "
           f"max_length {rm.manifest['max_length']}")

@@ -36,6 +36,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from escrag.servers import ServerProcess  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -54,28 +56,6 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch threads of the driver's engine (0: default)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "rollout.json"))
     return p.parse_args(argv)
-
-
-def start_server(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import free_port
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "escrag", "serve", *args, "--port", str(port)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server {args[0]} exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"server {args[0]} did not come up")
 
 
 class Recorder:
@@ -153,8 +133,8 @@ def setup(args, tmp: Path):
     reward_args = ["--rule", spec] if kind == "rule" else ["--rm", spec]
     procs, urls = [], {}
     for name, sargs in (("retriever", ["retriever", "--index", index]), ("reward", ["reward", *reward_args])):
-        proc, urls[name] = start_server(sargs, tmp / f"{name}.log")
-        procs.append(proc)
+        procs.append(ServerProcess(name, sargs, tmp, timeout=300))
+        urls[name] = procs[-1].url
     return cfg, procs, urls
 
 
@@ -203,8 +183,7 @@ def main(argv=None) -> int:
                 res["pool"] = [time_pool(cfg, states, urls, w) for w in sizes]
         finally:
             for p in procs:
-                p.terminate()
-                p.wait(20)
+                p.stop()
     print_table(res)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

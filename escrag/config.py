@@ -86,6 +86,7 @@ class RetrieverConfig:
     # corpus: a chunk is (last turns of the history, counselor response)
     chunk_turns: int = _f(2, ge=1)  # history turns kept in a chunk
     chunk_chars: int = _f(400, ge=16)  # history characters kept in a chunk (the end is kept)
+    max_chunks: int | None = _f(None, ge=1)  # keep the first N chunks (a CPU-sized corpus); None: all
     min_response_chars: int = _f(16, ge=0)  # drop shorter responses ("Hello!") from the corpus
     # index: HNSW / IVF knobs (flat, the default, is exact and has none)
     hnsw_m: int = _f(32, ge=4)  # graph degree

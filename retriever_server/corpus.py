@@ -97,6 +97,7 @@ def build_corpus(cfg, source: str | None = None, pairs: str | None = None,
     else:
         raise UserError(f"unknown corpus source {source!r} (known: esconv, prefs)")
     chunks = clean(raw, rc.min_response_chars)
+    limit = limit if limit is not None else rc.max_chunks
     if limit is not None:
         if limit < 1:
             raise UserError(f"limit must be >= 1, got {limit}")

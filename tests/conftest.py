@@ -7,7 +7,6 @@ dashboard off and its temp folder inside the project; it is shut down at the end
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from escrag.servers import ServerProcess, free_port  # noqa: F401  (free_port: used by tests)
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -25,10 +26,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -106,21 +103,14 @@ def ray_session(tmp_path_factory):
 
 @pytest.fixture
 def serve(tmp_path):
-    """Start ``escrag serve ...`` as a real process on a free loopback port; yields ``start(args)``
+    """Start ``escrag serve <args>`` as a real process on a free loopback port; yields ``start(args)``
     which returns the base URL once ``/health`` answers. Every process is stopped at test end."""
-    procs = []
+    servers = []
 
-    def start(args: list[str], timeout: float = 180, env: dict | None = None) -> str:
-        port = free_port()
-        log = tmp_path / f"server-{len(procs)}.log"
-        with log.open("w") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "escrag", *args, "--port", str(port)],
-                                    stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-        procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        _wait_http(f"{url}/health", proc, log, timeout)
-        return url
+    def start(args: list[str], timeout: float = 180) -> str:
+        servers.append(ServerProcess(f"server-{len(servers)}", args, tmp_path, timeout))
+        return servers[-1].url
 
     yield start
-    for proc in procs:
-        _stop(proc)
+    for server in servers:
+        server.stop()

@@ -12,22 +12,14 @@ import sys
 
 import openai
 import pytest
-from conftest import _stop, _wait_http, free_port
 
 from escrag.config import load_config
 from escrag.data import load_states
+from escrag.servers import ServerProcess
 
 ARGS = ["-o", "rollout.max_new_tokens_stage1=8", "-o", "rollout.max_new_tokens_stage2=12",
         "-o", "retriever.k=2", "-o", "rollout.torch_threads=1"]
 CRISIS = "I've decided to end my life tonight. I already have the pills ready."
-
-
-def _start(cmd: list[str], log) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    with log.open("w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "escrag", *cmd, "--port", str(port)], stdout=fh,
-                                stderr=subprocess.STDOUT)
-    return proc, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +28,16 @@ def urls(tmp_path_factory, tiny_model):
     tmp = tmp_path_factory.mktemp("counselor")
     subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out",
                     str(tmp / "index"), "--limit", "40"], check=True, capture_output=True)
-    procs = []
+    servers = []
     try:
-        retr, rurl = _start(["serve", "retriever", "--index", str(tmp / "index")], tmp / "r.log")
-        procs.append(retr)
-        _wait_http(f"{rurl}/health", retr, tmp / "r.log", 180)
-        couns, curl = _start(["serve", "counselor", "--policy", tiny_model, "--retriever", rurl,
-                              "--config", "configs/cpu-test.yaml", *ARGS], tmp / "c.log")
-        procs.append(couns)
-        _wait_http(f"{curl}/health", couns, tmp / "c.log", 180)
-        yield {"retriever": rurl, "counselor": curl}
+        servers.append(ServerProcess("retriever", ["retriever", "--index", str(tmp / "index")], tmp))
+        rurl = servers[-1].url
+        servers.append(ServerProcess("counselor", ["counselor", "--policy", tiny_model, "--retriever", rurl,
+                                                   "--config", "configs/cpu-test.yaml", *ARGS], tmp))
+        yield {"retriever": rurl, "counselor": servers[-1].url}
     finally:
-        for p in procs:
-            _stop(p)
+        for s in servers:
+            s.stop()
 
 
 @pytest.fixture(scope="module")

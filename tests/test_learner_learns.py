@@ -38,34 +38,11 @@ def _run(tmp_path, reward_url: str, lr: float) -> list[float]:
 @pytest.fixture(scope="module")
 def vowels_server(tmp_path_factory):
     """A real reward server process (module-scoped so both runs share it)."""
-    import os
-    import subprocess
-    import sys
-    import time
+    from escrag.servers import ServerProcess
 
-    import httpx
-
-    from trainer.services import free_port
-
-    port = free_port()
-    log = tmp_path_factory.mktemp("rm") / "reward.log"
-    with log.open("w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "escrag", "serve", "reward", "--rule", "vowels",
-                                 "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                raise RuntimeError(log.read_text())
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    server = ServerProcess("reward", ["reward", "--rule", "vowels"], tmp_path_factory.mktemp("rm"))
+    yield server.url
+    server.stop()
 
 
 def test_mean_reward_rises_with_learning_and_not_without(ray_session, vowels_server, tmp_path):

@@ -61,7 +61,7 @@ BAD_OVER_SOCKET = [  # (body bytes, status, fragment of the detail)
 
 
 def test_real_server_with_real_client(serve, index_dir):
-    url = serve(["serve", "retriever", "--index", str(index_dir), "--api-key", KEY])
+    url = serve(["retriever", "--index", str(index_dir), "--api-key", KEY])
     chunks = _chunks(index_dir)
     singles, batched, health = asyncio.run(_query(url, chunks))
     for chunk, hits in zip(chunks[:8], singles):

@@ -137,7 +137,7 @@ def head_dir(tmp_path_factory):
 def test_real_rm_server_over_socket(serve, head_dir):
     from reward_server.model import RewardModel
 
-    url = serve(["serve", "reward", "--rm", str(head_dir), "--config", "configs/cpu-test.yaml",
+    url = serve(["reward", "--rm", str(head_dir), "--config", "configs/cpu-test.yaml",
                  "-o", "reward.max_wait_ms=100", "--api-key", "sekrit"])
     long_hist = [{"role": "user", "content": "I cannot sleep and I keep worrying about work. " * 12}]
     items = [{"history": HIST, "output": GOOD}, {"history": HIST, "output": "no tags here"},
@@ -181,7 +181,7 @@ def test_real_rm_server_over_socket(serve, head_dir):
 def test_rule_server_over_socket_and_cli_errors(serve, capsys):
     from escrag.cli import main
 
-    url = serve(["serve", "reward", "--rule", "keyword:hello"])
+    url = serve(["reward", "--rule", "keyword:hello"])
     r = httpx.post(f"{url}/score", json={"items": [{"history": HIST, "output": GOOD}]})
     assert r.status_code == 200 and r.json()["rm_scores"] == pytest.approx([2 / 6])
     assert httpx.get(f"{url}/health").json()["scorer"] == "rule:keyword:hello"
@@ -194,7 +194,7 @@ def test_rule_server_over_socket_and_cli_errors(serve, capsys):
 def test_client_fails_clearly(serve):
     from conftest import free_port
 
-    url = serve(["serve", "reward", "--rule", "length:3"])
+    url = serve(["reward", "--rule", "length:3"])
 
     async def main():
         dead = RewardClient(f"http://127.0.0.1:{free_port()}", timeout=2, retries=1)

@@ -15,12 +15,12 @@ import time
 
 import pytest
 import torch
-from conftest import _stop, _wait_http, free_port
 
 from escrag.config import load_config
 from escrag.data import load_states
 from escrag.formats import format_reward, response_text
 from escrag.prompts import stage1_messages, stage2_messages
+from escrag.servers import ServerProcess
 from retriever_server.client import RetrieverClient
 from reward_server.client import RewardClient
 from reward_server.rules import parse_rule
@@ -40,21 +40,13 @@ def servers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rollout-servers")
     subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out",
                     str(tmp / "index"), "--limit", "40"], check=True, capture_output=True)
-    procs, urls = [], {}
-    for name, args in (("retriever", ["retriever", "--index", str(tmp / "index")]),
-                       ("reward", ["reward", "--rule", RULE])):
-        port, log = free_port(), tmp / f"{name}.log"
-        with log.open("w") as fh:
-            procs.append((subprocess.Popen([sys.executable, "-m", "escrag", "serve", *args, "--port",
-                                            str(port)], stdout=fh, stderr=subprocess.STDOUT), log))
-        urls[name] = f"http://127.0.0.1:{port}"
+    servers = [ServerProcess("retriever", ["retriever", "--index", str(tmp / "index")], tmp, None),
+               ServerProcess("reward", ["reward", "--rule", RULE], tmp, None)]
     try:
-        for (proc, log), url in zip(procs, urls.values()):
-            _wait_http(f"{url}/health", proc, log, timeout=180)
-        yield urls
+        yield {s.name: s.wait(180).url for s in servers}
     finally:
-        for proc, _ in procs:
-            _stop(proc)
+        for s in servers:
+            s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def _job(out: Path, reward_url: str, steps: int) -> list[str]:
 
 
 def test_ray_job_submit(ray_session, serve, tmp_path):
-    reward_url = serve(["serve", "reward", "--rule", "vowels"])
+    reward_url = serve(["reward", "--rule", "vowels"])
     out = tmp_path / "run"
     env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
                                       "ESCRAG_CACHE", "HOME") if k in os.environ}
@@ -65,7 +65,7 @@ def _wait_for_checkpoint(proc, latest: Path, log: Path, min_step: int, timeout: 
 
 
 def test_kill_and_resume_continue_exactly(ray_session, serve, tmp_path):
-    reward_url = serve(["serve", "reward", "--rule", "vowels"])
+    reward_url = serve(["reward", "--rule", "vowels"])
     out, steps, log = tmp_path / "run", 6, tmp_path / "job.log"
     cmd = _job(out, reward_url, steps) + ["-o", f"ray.address={ray_session.address}"]
     with log.open("w") as fh:

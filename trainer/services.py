@@ -1,7 +1,6 @@
 """The retriever and reward servers a job needs: use given URLs, or start them as child processes.
 
-Owns: ``ServerProcess`` (``python -m escrag serve ...`` on a free loopback port, log to a file, wait
-for ``/health``, stop by pid) and ``job_services`` (a context manager yielding (retriever_url,
+Owns: ``job_services`` (a context manager yielding (retriever_url,
 reward_url) and stopping only the servers it started, also on error). Servers get the job's resolved
 config file so their numbers match the job's.
 """
@@ -9,56 +8,10 @@ config file so their numbers match the job's.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from escrag.errors import UserError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    def __init__(self, name: str, args: list[str], log_dir: Path, timeout: float):
-        self.name, self.port = name, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = Path(log_dir) / f"{name}.log"
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "escrag", "serve", *args, "--port", str(self.port)]
-        with self.log.open("w") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
-        self._wait(timeout)
-
-    def _wait(self, timeout: float) -> None:
-        import httpx
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}; "
-                                   f"log {self.log}:\n{self.log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"{self.name} server not healthy after {timeout:.0f} s; log {self.log}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+from escrag.servers import ServerProcess
 
 
 def _require(path: Path, what: str, how: str) -> str:

@@ -1,0 +1,63 @@
+"""Running the project's own HTTP services as child processes.
+
+Owns: ``free_port`` and ``ServerProcess``: ``python -m escrag serve ...`` on a free loopback port, its
+output in a log file, a wait for ``GET /health``, and a stop by pid (terminate, then kill). Jobs,
+benchmarks and tests all start servers through it, so each one ends exactly the processes it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``escrag serve <args> --port P``; with ``timeout`` the constructor waits for /health (a
+    ``timeout`` of None returns at once: call ``wait`` later, e.g. after starting several)."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, timeout: float | None = 180.0):
+        self.name, self.port = name, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(log_dir) / f"{name}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "escrag", "serve", *args, "--port", str(self.port)]
+        with self.log.open("w") as fh:
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
+        if timeout is not None:
+            self.wait(timeout)
+
+    def wait(self, timeout: float) -> ServerProcess:
+        import httpx
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}; "
+                                   f"log {self.log}:\n{self.log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"{self.name} server not healthy after {timeout:.0f} s; log {self.log}:\n"
+                           f"{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
