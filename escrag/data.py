@@ -111,10 +111,12 @@ def merge_turns(utterances: list[tuple[str, str, str | None]]) -> tuple[Turn, ..
     return tuple(turns)
 
 
-def load_dialogues(split_or_path: str | Path = "train") -> list[Dialogue]:
-    path = resolve_path(split_or_path)
-    stem = str(split_or_path) if str(split_or_path) in SPLITS else path.stem
-    dialogues = []
+def read_jsonl(path: str | Path, what: str, error: type[Exception] = DataError) -> Iterator[tuple[str, int, object]]:
+    """(``file:line``, line number, parsed object) for each non-blank line of a JSONL file; a missing
+    file (named as ``what``) or a line that is not JSON raises ``error`` naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: no such {what}")
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -123,10 +125,18 @@ def load_dialogues(split_or_path: str | Path = "train") -> list[Dialogue]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            utterances, meta = _parse_record(obj, where)
-            dialogues.append(Dialogue(f"{stem}-{lineno}", merge_turns(utterances), meta["situation"],
-                                      meta["emotion_type"], meta["problem_type"]))
+                raise error(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            yield where, lineno, obj
+
+
+def load_dialogues(split_or_path: str | Path = "train") -> list[Dialogue]:
+    path = resolve_path(split_or_path)
+    stem = str(split_or_path) if str(split_or_path) in SPLITS else path.stem
+    dialogues = []
+    for where, lineno, obj in read_jsonl(path, "ESConv file"):
+        utterances, meta = _parse_record(obj, where)
+        dialogues.append(Dialogue(f"{stem}-{lineno}", merge_turns(utterances), meta["situation"],
+                                  meta["emotion_type"], meta["problem_type"]))
     if not dialogues:
         raise DataError(f"{path}: no dialogues")
     return dialogues

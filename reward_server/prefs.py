@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from escrag.data import SPLITS, DataError, load_states
+from escrag.data import SPLITS, DataError, load_states, read_jsonl
 from escrag.errors import UserError
 
 METRICS = ("EI", "NE", "TA", "SC", "TH", "SF", "PT")  # paper 3.2: Client EI NE TA, Counselor SC TH, Judge SF PT
@@ -141,23 +141,13 @@ def parse_pair(obj, where: str) -> PreferencePair:
 def load_pairs(path: str | Path) -> list[PreferencePair]:
     """Read and validate a pairs JSONL file; any problem raises ``DataError`` naming file:line."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such preference-pairs file")
     pairs, seen = [], {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            pair = parse_pair(obj, where)
-            if pair.id in seen:
-                raise DataError(f"{where}: duplicate id {pair.id!r} (first on line {seen[pair.id]})")
-            seen[pair.id] = lineno
-            pairs.append(pair)
+    for where, lineno, obj in read_jsonl(path, "preference-pairs file"):
+        pair = parse_pair(obj, where)
+        if pair.id in seen:
+            raise DataError(f"{where}: duplicate id {pair.id!r} (first on line {seen[pair.id]})")
+        seen[pair.id] = lineno
+        pairs.append(pair)
     if not pairs:
         raise DataError(f"{path}: no preference pairs")
     return pairs

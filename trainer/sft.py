@@ -18,7 +18,6 @@ the adapter is merged and the merged model saved, so later stages just load a fo
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 
 from escrag.config import Config, load_config, output_path
-from escrag.data import DialogueState, load_states
+from escrag.data import DialogueState, load_states, read_jsonl
 from escrag.errors import UserError
 from escrag.formats import parse_output
 from escrag.prompts import render, stage1_messages
@@ -84,18 +83,7 @@ def _check_demo(obj, where: str) -> dict:
 
 def load_demonstrations(path: str | Path) -> list[dict]:
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such demonstrations file")
-    demos = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-            demos.append(_check_demo(obj, f"{path}:{lineno}"))
+    demos = [_check_demo(obj, where) for where, _, obj in read_jsonl(path, "demonstrations file", UserError)]
     if not demos:
         raise UserError(f"{path}: no demonstrations")
     return demos
