@@ -212,6 +212,7 @@ def main(argv=None) -> int:
         trl_worker(a.trl_worker)
         return 0
     sys.path.insert(0, str(ROOT))
+    from escrag.atomic import write_json
     from escrag.models import resolve_model
 
     model_path = resolve_model(a.model)
@@ -231,11 +232,7 @@ def main(argv=None) -> int:
         print(f"{name:6} {r['step_s']:8.2f} {r['completion_tokens']:12.0f}")
     if "ratio_ours_over_trl" in report:
         print(f"ratio ours/TRL: {report['ratio_ours_over_trl']:.2f}x (target <= 0.8x)")
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, out)
+    out = write_json(a.out, report)
     print(f"wrote {out}")
     return 0
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from escrag.atomic import write_json  # noqa: E402
 from escrag.config import load_config  # noqa: E402
 from escrag.data import load_states  # noqa: E402
 from escrag.servers import ServerProcess  # noqa: E402
@@ -132,18 +132,10 @@ def run_server(index: Path, args, qs: list[str]) -> dict:
     return rows
 
 
-def write_json(path: str, data: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config)
-    from retriever_server.embed import load_embedder
+    from escrag.embed import load_embedder
     from retriever_server.index import load_index
     from retriever_server.service import RetrieverService
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from escrag.atomic import write_json  # noqa: E402
 from escrag.data import load_states  # noqa: E402
 from escrag.servers import ServerProcess  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
               "batch": args.batch, "inprocess_items_per_s": local, "server_items_per_s": served,
               "ratio": ratio, "server_mean_batch": mean_batch, "target": 0.8}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

@@ -15,7 +15,6 @@ Writes bench/results/rm_train.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -25,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from escrag.atomic import write_json  # noqa: E402
 from escrag.config import load_config  # noqa: E402
-from reward_server.prefs import bootstrap_pairs, write_pairs  # noqa: E402
+from escrag.pairs import bootstrap_pairs, write_pairs  # noqa: E402
 from reward_server.train import pair_metrics, rm_loss, split_pairs, train_reward_model  # noqa: E402
 
 
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     result = {"backbone": args.backbone, "pairs": args.pairs, "epochs": args.epochs, "max_length": args.max_length,
               "ours": ours, "naive": naive, "speedup": speedup if math.isfinite(speedup) else None}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

@@ -36,6 +36,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from escrag.atomic import write_json  # noqa: E402
 from escrag.servers import ServerProcess  # noqa: E402
 
 
@@ -185,11 +186,7 @@ def main(argv=None) -> int:
             for p in procs:
                 p.stop()
     print_table(res)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(res, indent=2, default=str))
-    os.replace(tmp_out, out)
+    out = write_json(args.out, json.loads(json.dumps(res, default=str)))
     print(f"wrote {out}")
     return 0
 

@@ -2,8 +2,8 @@
 
 Owns: the command tree and argument parsing only. Each command's work lives in the module that owns
 it and is imported when the command runs, so ``escrag --help`` stays fast and free of torch/faiss.
-Handlers take the parsed ``argparse.Namespace`` and return an exit code. Errors that are the user's
-(bad config, bad data file, bad model spec) print one clear line and exit 2, without a traceback.
+Handlers take the parsed ``argparse.Namespace`` and return an exit code; ``escrag.errors.run_main``
+turns the project's errors into one clear line (exit 2 for the user's input), without a traceback.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import argparse
 import importlib
 import sys
 
-# Exceptions whose message is the whole story for the user.
-USER_ERRORS = ("escrag.config:ConfigError", "escrag.data:DataError", "escrag.models:ModelSpecError",
-               "escrag.errors:UserError")
+from escrag.errors import run_main
 
 
 def _lazy(target: str):
@@ -68,7 +66,7 @@ def _prefs(sub) -> None:
     p.add_argument("--split", default="train")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-pairs", type=int, default=None)
-    p.set_defaults(func=_lazy("reward_server.prefs:bootstrap_main"))
+    p.set_defaults(func=_lazy("escrag.pairs:bootstrap_main"))
 
 
 def _rm(sub) -> None:
@@ -129,29 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_error_types() -> tuple[type, ...]:
-    types = []
-    for target in USER_ERRORS:
-        module, name = target.split(":")
-        try:
-            types.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(types)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except _user_error_types() as exc:
-        print(f"escrag: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # output piped into `head`
-        return 0
-    except KeyboardInterrupt:
-        print("escrag: interrupted", file=sys.stderr)
-        return 130
+    return run_main("escrag", lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from typing import Any
 
 import yaml
 
+from escrag.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """A config file or override is invalid; the message starts with the key path."""
 
 

@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from escrag.errors import UserError
+
 SPLITS = ("train", "valid", "test")
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "esconv"
 ROLE_OF_SPEAKER = {"usr": "user", "sys": "assistant"}
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A data file is malformed; the message names the file and line."""
 
 

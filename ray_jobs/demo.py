@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from escrag.config import Config, load_config, output_path
+from escrag.errors import run_main
 
 
 def banner(step: str) -> float:
@@ -68,7 +69,7 @@ def pairs_path(cfg: Config) -> Path:
 
 
 def stage_pairs(cfg: Config) -> None:
-    from reward_server.prefs import bootstrap_pairs, load_pairs, write_pairs
+    from escrag.pairs import bootstrap_pairs, load_pairs, write_pairs
 
     path = pairs_path(cfg)
     if not path.is_file():
@@ -183,22 +184,16 @@ def run_stage(name: str, fn, timings: dict, *args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from escrag.cli import _user_error_types
-
     p = argparse.ArgumentParser(prog="python -m ray_jobs.demo", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/cpu-demo.yaml")
     p.add_argument("-o", "--override", action="append", default=[])
     args = p.parse_args(argv)
-    try:
-        return run_demo(load_config(args.config, args.override))
-    except _user_error_types() as exc:
-        print(f"demo: error: {exc}", file=sys.stderr)
-        return 2
+    return run_main("demo", lambda: run_demo(load_config(args.config, args.override)))
 
 
 def run_demo(cfg: Config) -> int:
+    from ray_jobs.services import job_services
     from ray_jobs.train_grpo import write_resolved_config
-    from trainer.services import job_services
 
     start, timings = time.time(), {}
     for name, fn in [("ESConv dialogue states", stage_data), ("models (converted once, then cached)", stage_models),

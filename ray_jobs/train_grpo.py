@@ -31,7 +31,9 @@ from pathlib import Path
 
 import yaml
 
+from escrag.atomic import write_text
 from escrag.config import Config, load_config, output_path, to_dict
+from escrag.errors import run_main
 
 
 def train_states(cfg: Config) -> list:
@@ -52,12 +54,7 @@ def total_steps(cfg: Config, n_states: int) -> int:
 
 def write_resolved_config(cfg: Config) -> Path:
     """The job's config after overrides, for the servers it starts and for the record."""
-    path = output_path(cfg, "config.yaml")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".config.yaml.tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    os.replace(tmp, path)
-    return path
+    return write_text(output_path(cfg, "config.yaml"), yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def start_ray(cfg: Config):
@@ -131,10 +128,10 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
 
 def train(cfg: Config, resume: bool = False, log=print) -> dict:
     """Run the whole job; returns {"steps", "metrics", "policy", "plot"}."""
+    from ray_jobs.services import job_services
     from rollout.pool import RolloutPool
     from trainer.learner import Learner
     from trainer.metrics import plot_curves, read_metrics
-    from trainer.services import job_services
 
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,18 +162,12 @@ def run_cli(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from escrag.cli import _user_error_types
-
     p = argparse.ArgumentParser(prog="python -m ray_jobs.train_grpo", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/cpu-demo.yaml", help="YAML preset (configs/*.yaml)")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     args = p.parse_args(argv)
-    try:
-        return run_cli(args)
-    except _user_error_types() as exc:
-        print(f"train_grpo: error: {exc}", file=sys.stderr)
-        return 2
+    return run_main("train_grpo", lambda: run_cli(args))
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ import sys
 from pathlib import Path
 
 from escrag.config import load_config, output_path
+from escrag.errors import run_main
 
 
 def resolve_pairs(cfg, pairs: str | None = None) -> Path:
     """The pairs file to train on, bootstrapping silver pairs once when none is configured."""
-    from reward_server.prefs import bootstrap_pairs, write_pairs
+    from escrag.pairs import bootstrap_pairs, write_pairs
 
     if pairs or cfg.reward.pairs:
         return Path(pairs or cfg.reward.pairs)
@@ -57,17 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="head folder (default: reward.head_dir or <output_dir>/rm)")
     p.add_argument("--ray", action="store_true", help="run the training as a Ray task")
     args = p.parse_args(argv)
-    from escrag.cli import _user_error_types
 
-    try:
+    def job() -> int:
         cfg = load_config(args.config, args.override)
         out = Path(args.out or cfg.reward.head_dir or output_path(cfg, "rm"))
         metrics = run(cfg, resolve_pairs(cfg, args.pairs), out, args.ray)
-    except _user_error_types() as exc:
-        print(f"train_rm: error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps({k: v for k, v in metrics.items() if k != "epochs"}, indent=2))
-    return 0
+        print(json.dumps({k: v for k, v in metrics.items() if k != "epochs"}, indent=2))
+        return 0
+
+    return run_main("train_rm", job)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def build_index(cfg, out: str | Path | None = None, source: str | None = None, p
     """Build the corpus of ``source`` (default ``retriever.source``), embed it with
     ``retriever.embedder``, index it with ``retriever.index_type`` and save it to ``out``
     (default ``index_dir(cfg)``); ``limit`` keeps the first N chunks. Returns the folder."""
-    from retriever_server.embed import load_embedder
+    from escrag.embed import load_embedder
     from retriever_server.index import check_target, make_faiss_index, save_index
 
     rc = cfg.retriever

@@ -50,7 +50,7 @@ def _is_test(prov: dict, test_split: str) -> bool:
 
 def pref_chunks(path: str | Path, test_split: str, turns: int, chars: int) -> list[dict]:
     """One chunk per pair outside the test split: its history and the preferred (``chosen``) reply."""
-    from reward_server.prefs import load_pairs  # the ESC-Preference format is the reward side's
+    from escrag.pairs import load_pairs
 
     chunks = []
     for pair in load_pairs(path):

@@ -5,23 +5,21 @@ saving it atomically as a folder (``index.faiss``, ``chunks.jsonl``, ``manifest.
 back with checks (the embedder must be the one the manifest names, the corpus checksum and counts
 must match); and batched search.
 
-The folder is written to a temp sibling and renamed into place, so a reader sees the old index or the
-new one, never half of one. ``manifest.json``: ``{embedder, dim, count, corpus_sha256, built_at,
+The folder is written with ``escrag.atomic.atomic_dir``, so a reader sees the old index or the new one,
+never half of one, and never a moment without a folder. ``manifest.json``: ``{embedder, dim, count, corpus_sha256, built_at,
 index_type, format}``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import faiss
 import numpy as np
 
+from escrag.atomic import atomic_dir
 from escrag.errors import UserError
 from retriever_server.corpus import dump_chunks, sha256
 
@@ -81,23 +79,16 @@ class VectorIndex:
 
 def save_index(out: str | Path, index: faiss.Index, chunks: list[dict], embedder: str,
                index_type: str) -> Path:
-    """Write the index folder atomically (temp sibling, then rename); returns its path."""
+    """Write the index folder atomically (``escrag.atomic.atomic_dir``); returns its path."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     data = dump_chunks(chunks)
     manifest = {"embedder": embedder, "dim": index.d, "count": index.ntotal, "corpus_sha256": sha256(data),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "index_type": index_type, "format": FORMAT}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the final folder gets the usual mode
-    try:
+    check_target(out)
+    with atomic_dir(out) as tmp:
         faiss.write_index(index, str(tmp / INDEX_FILE))
         (tmp / CHUNKS_FILE).write_bytes(data)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        _swap_into_place(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -106,18 +97,6 @@ def check_target(out: str | Path) -> None:
     out = Path(out)
     if out.exists() and not (out.is_dir() and ((out / MANIFEST_FILE).is_file() or not any(out.iterdir()))):
         raise UserError(f"{out}: exists and is not an index folder; refusing to replace it")
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and removed after."""
-    check_target(out)
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}-old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_manifest(folder: str | Path) -> dict:

@@ -48,7 +48,7 @@ def build_app(service: RetrieverService, api_key: str | None = None,
 
 def load_service(index: str, embedder: str | None, cfg) -> RetrieverService:
     """Check the manifest, then load the embedder and the index (the slow part)."""
-    from retriever_server.embed import load_embedder
+    from escrag.embed import load_embedder
     from retriever_server.index import check_embedder, load_index, read_manifest
 
     spec = embedder or cfg.retriever.embedder

@@ -13,13 +13,13 @@ computed (temp file, then rename), so an interrupted run resumes where it stoppe
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import uuid
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+from escrag.atomic import atomic_file
 
 SHARD_ROWS = 256
 
@@ -60,10 +60,8 @@ class FeatureCache:
 
     def add(self, keys: list[str], feats: np.ndarray) -> None:
         name = f"shard-{uuid.uuid4().hex[:12]}.npz"
-        fd, tmp = tempfile.mkstemp(prefix=".shard-", suffix=".npz", dir=self.dir)
-        with os.fdopen(fd, "wb") as fh:
+        with atomic_file(self.dir / name, "wb") as fh:
             np.savez(fh, keys=np.asarray(keys), feats=np.asarray(feats, dtype=np.float32))
-        os.replace(tmp, self.dir / name)
         self._loaded.add(name)
         self._rows.update(zip(keys, np.asarray(feats, dtype=np.float32)))
 

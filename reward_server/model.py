@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from escrag import prompts
+from escrag.atomic import atomic_file, write_json
 from escrag.errors import UserError
 from escrag.models import resolve_model, torch_dtype
 
@@ -116,19 +116,16 @@ class Backbone:
 def save_head(out: str | Path, weight, bias: float, manifest: dict) -> Path:
     """Write head.safetensors then manifest.json (last, so a folder with a manifest is complete)."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {"weight": torch.as_tensor(weight, dtype=torch.float32).reshape(-1).contiguous(),
                "bias": torch.tensor([float(bias)], dtype=torch.float32)}
-    tmp = out / f".{HEAD_FILE}.tmp"
-    save_file(tensors, str(tmp))
-    os.replace(tmp, out / HEAD_FILE)
+    with atomic_file(out / HEAD_FILE, "wb") as fh:
+        fh.write(save(tensors))
     manifest = {"format_version": FORMAT_VERSION, "hidden_size": int(tensors["weight"].numel()), **manifest}
-    tmp = out / f".{MANIFEST_FILE}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, out / MANIFEST_FILE)
+    write_json(out / MANIFEST_FILE, manifest)
     return out
 
 

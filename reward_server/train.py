@@ -24,18 +24,17 @@ Departures from the paper / implementation choices:
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from escrag.atomic import write_json
 from escrag.config import load_config
 from escrag.errors import UserError
-from reward_server.prefs import PreferencePair, load_pairs
+from escrag.pairs import PreferencePair, load_pairs
 
 
 def rm_loss(r_pos, r_neg, center_coef: float):
@@ -127,12 +126,6 @@ def _features(cfg, backbone, pairs):
     return (x[0::2], x[1::2]), {**stats, "truncations": truncations, "cache_dir": str(cache.dir)}
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) -> dict:
     """Train the head on ``pairs_path`` with ``cfg.reward``; save it in ``out``; return the metrics."""
     from reward_server.model import Backbone, save_head
@@ -165,7 +158,7 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
         "feature_seconds": t1 - t0, "train_seconds": t2 - t1, "feature_cache": stats["cache_dir"],
     }
     out = save_head(out, weight, bias, manifest)
-    _write_json(out / "metrics.json", metrics)
+    write_json(out / "metrics.json", metrics)
     return metrics
 
 

@@ -147,7 +147,7 @@ class RiskClassifier:
 
     @classmethod
     def from_config(cls, cfg) -> RiskClassifier:
-        from retriever_server.embed import load_embedder
+        from escrag.embed import load_embedder
 
         ro = cfg.rollout
         return cls(load_embedder(ro.risk_embedder), ro.risk_high_similarity, ro.risk_elevated_similarity,

@@ -105,7 +105,7 @@ def test_rag_answer_in_process(urls, tiny_model):
 
     cfg = load_config("configs/cpu-test.yaml", [a for a in ARGS if a != "-o"])
     engine = HFEngine(tiny_model)
-    from retriever_server.embed import load_embedder
+    from escrag.embed import load_embedder
 
     clf = RiskClassifier(load_embedder("packaged:minilm"))
     state = load_states("test")[0]

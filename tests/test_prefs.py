@@ -11,7 +11,7 @@ import pytest
 
 from escrag.data import DataError, load_states
 from escrag.errors import UserError
-from reward_server.prefs import (
+from escrag.pairs import (
     GENERIC_REASSURANCES,
     METRICS,
     NEGATIVE_KINDS,

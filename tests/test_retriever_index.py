@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from escrag.config import load_config
+from escrag.embed import load_embedder
 from escrag.errors import UserError
 from retriever_server.build import build_index
 from retriever_server.corpus import embed_text
-from retriever_server.embed import load_embedder
 from retriever_server.index import load_index, make_faiss_index, read_manifest
 from retriever_server.server import build_app
 from retriever_server.service import RetrieverService

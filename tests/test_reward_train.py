@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from escrag.config import load_config
+from escrag.pairs import bootstrap_pairs, load_pairs, write_pairs
 from reward_server.features import FeatureCache
 from reward_server.model import Backbone
-from reward_server.prefs import bootstrap_pairs, load_pairs, write_pairs
 from reward_server.train import rm_loss, split_pairs, train_reward_model
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent

@@ -44,7 +44,7 @@ ORDINARY = [
 
 @pytest.fixture(scope="module")
 def clf():
-    from retriever_server.embed import load_embedder
+    from escrag.embed import load_embedder
 
     return RiskClassifier(load_embedder("packaged:minilm"))
 

@@ -14,14 +14,14 @@ continues at exactly the same step and data position, but its samples are fresh 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from escrag.atomic import atomic_dir, write_text
 
 
 class StateSampler:
@@ -70,28 +70,16 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(root: str | Path, step: int, learner_state: dict, state: dict, keep: int = 2) -> Path:
     """Write ``root/step-NNNNNN`` atomically, point ``root/latest`` at it, keep the newest ``keep``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-    try:
+    with atomic_dir(final) as tmp:
         torch.save(learner_state, tmp / "learner.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _write_text(root / "latest", final.name + "\n")
+    write_text(root / "latest", final.name + "\n")
     for old in sorted(root.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -7,8 +7,9 @@ are dropped so the log reads as one uninterrupted run) and ``plot_curves``.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from escrag.atomic import atomic_file, write_text
 
 
 class MetricsLog:
@@ -27,10 +28,7 @@ class MetricsLog:
 
     def _truncate(self, step: int) -> None:
         rows = read_metrics(self.path) if self.path.exists() else []
-        keep = "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step)
-        tmp = self.path.with_name(".metrics.jsonl.tmp")
-        tmp.write_text(keep)
-        os.replace(tmp, self.path)
+        write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
     def write(self, row: dict) -> None:
         with self.path.open("a") as fh:
@@ -72,8 +70,7 @@ def plot_curves(rows: list[dict], out: str | Path) -> Path:
     ax2.set_xlabel("step")
     ax2.set_title("KL to reference (k3)")
     fig.tight_layout()
-    tmp = out.with_name(f".{out.stem}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with atomic_file(out, "wb") as fh:
+        fig.savefig(fh, dpi=100, format="png")
     plt.close(fig)
-    os.replace(tmp, out)
     return out

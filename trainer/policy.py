@@ -3,19 +3,17 @@
 Owns: building the policy from ``PolicyConfig`` (SFT and the GRPO learner share it), the merged
 base-model weights under LoRA (W + scale·B·A, with the base model's HF parameter names), and saving a
 plain model folder that ``escrag.models.load_causal_lm`` loads, so every other part of the project
-only ever sees a path. Saving is atomic (temp folder, then ``os.replace``).
+only ever sees a path. Saving is atomic (``escrag.atomic.atomic_dir``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from escrag.atomic import atomic_dir
 from escrag.config import PolicyConfig
 from escrag.models import load_causal_lm, load_tokenizer
 
@@ -89,9 +87,7 @@ def save_merged(model, tokenizer, out: str | Path, meta: dict | None = None) -> 
     from safetensors.torch import save_file
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         state = {k: v.contiguous().cpu() for k, v in merged_state_dict(model).items()}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         config = base_config(model)
@@ -101,11 +97,6 @@ def save_merged(model, tokenizer, out: str | Path, meta: dict | None = None) -> 
             gen.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "escrag_meta.json").write_text(json.dumps(meta or {}, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

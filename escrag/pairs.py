@@ -1,6 +1,7 @@
 """ESC-Preference pairs: the JSONL schema, a validating loader, an atomic writer, and silver pairs.
 
-Owns: ``PreferencePair`` and its file format, and ``escrag prefs bootstrap``.
+Owns: ``PreferencePair`` and its file format (shared by the reward-model trainer and the retrieval
+corpus, hence in the core), and ``escrag prefs bootstrap``.
 
 One JSON object per line::
 
@@ -25,13 +26,12 @@ clearly better there. Silver pairs carry no metric scores.
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from escrag.atomic import atomic_file
 from escrag.data import SPLITS, DataError, load_states, read_jsonl
 from escrag.errors import UserError
 
@@ -155,18 +155,10 @@ def load_pairs(path: str | Path) -> list[PreferencePair]:
 
 def write_pairs(pairs: list[PreferencePair], path: str | Path) -> Path:
     """Write pairs as JSONL atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for p in pairs:
-                fh.write(json.dumps(p.to_json(), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_file(path) as fh:
+        for p in pairs:
+            fh.write(json.dumps(p.to_json(), ensure_ascii=False) + "\n")
+    return Path(path)
 
 
 # --------------------------------------------------------------------------- silver pairs

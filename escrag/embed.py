@@ -3,7 +3,8 @@
 Owns: loading a sentence-transformers model on CPU from a model spec (``packaged:minilm``, the
 default, is all-MiniLM-L6-v2 from a PyPI package; any local folder or cached hub name such as
 ``BAAI/bge-m3`` works the same way) and encoding batches of texts into float32, L2-normalised rows,
-so that inner product is cosine similarity. The rollout's risk classifier uses the same embedder.
+so that inner product is cosine similarity. The retriever's index and the safety check share it,
+which is why it lives in the core.
 
 Departure from the paper: the paper embeds with bge-m3; the embedded default uses all-MiniLM-L6-v2
 (384-d, offline). Set ``retriever.embedder: BAAI/bge-m3`` where that model is in the HF cache.

@@ -1,0 +1,94 @@
+"""Atomic writes of files and folders: a reader sees the old version or the new one, never half of one.
+
+Owns: ``atomic_file`` (a handle on a temp file in the target's folder, renamed over the target when
+the block ends without error), the ``write_text`` / ``write_json`` shorthands, and ``atomic_dir``
+(a temp folder that replaces the target folder when the block ends without error).
+
+Replacing an existing folder uses Linux's ``renameat2(RENAME_EXCHANGE)``, which swaps the two paths
+in one step, so there is no moment without a folder at the target; the old folder is then removed.
+Where the call is missing (another OS, an old libc), the old folder is renamed aside first and a gap
+of one rename remains. On error the temp file or folder is removed and the target is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator:
+    """``with atomic_file(p) as fh: fh.write(...)``; ``mode`` is "w" (text) or "wb" (bytes)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    with atomic_file(path) as fh:
+        fh.write(text)
+    return Path(path)
+
+
+def write_json(path: str | Path, data, indent: int | None = 2) -> Path:
+    return write_text(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """``with atomic_dir(out) as tmp: <write files into tmp>``; ``out`` is replaced as a whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the final folder gets the usual mode
+        _replace_dir(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # after an exchange, tmp holds the old folder
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    if target.exists() and _exchange(new, target):
+        return
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}-old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step; False when the system cannot."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    return fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
