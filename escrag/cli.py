@@ -118,6 +118,12 @@ def _train(sub) -> None:
     p.add_argument("--out", default=None)
     _config_args(p)
     p.set_defaults(func=_lazy("trainer.sft:main"))
+    p = sub.add_parser("pipeline", help="pairs -> index -> reward model -> cold-start SFT -> GRPO, skipping "
+                       "finished stages (same as python -m ray_jobs.pipeline)")
+    p.add_argument("--until", default=None, choices=("pairs", "index", "rm", "sft", "grpo"),
+                   help="stop after this stage")
+    _config_args(p, default="configs/cpu-demo.yaml")
+    p.set_defaults(func=_lazy("ray_jobs.pipeline:run_cli"))
     p = sub.add_parser("grpo", help="retrieval-augmented GRPO (same as python -m ray_jobs.train_grpo)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     _config_args(p, default="configs/cpu-demo.yaml")

@@ -39,6 +39,7 @@ class RunConfig:
     output_dir: str = "runs/escrag"  # checkpoints, logs, plots, built artefacts
     seed: int = _f(0, ge=0)
     server_timeout_s: float = _f(600.0, gt=0.0)  # wait for a started server's /health (model loads)
+    supervise_s: float = _f(1.0, gt=0.0)  # how often a job checks the servers it started (restarts dead ones)
     demo_examples: int = _f(3, ge=1)  # held-out test states the demo answers with RAG inference
 
 
@@ -86,6 +87,7 @@ class RetrieverConfig:
     k: int = _f(3, ge=1, le=50)  # Table 4: 3 retrieved chunks
     url: str | None = None  # use a running retriever; None: the job starts one
     embed_batch_size: int = _f(64, ge=1)
+    device: str = "auto"  # embedder: auto = cuda when a GPU is visible, else cpu
     max_wait_ms: float = _f(5.0, ge=0.0)  # micro-batching window of the server
     # corpus: a chunk is (last turns of the history, counselor response)
     chunk_turns: int = _f(2, ge=1)  # history turns kept in a chunk
@@ -119,6 +121,7 @@ class RewardConfig:
     head_dir: str | None = None  # None: <output_dir>/rm
     pairs: str | None = None  # None: silver pairs bootstrapped from ESConv train
     url: str | None = None  # use a running reward server; None: the job starts one
+    rule: str | None = None  # the job serves this rule (reward_server/rules.py) instead of the RM: tests
     center_coef: float = _f(0.01, ge=0.0)  # λ of eq. 3 (Table 4: reward centering coefficient)
     epochs: int = _f(5, ge=1)
     lr: float = _f(5e-5, gt=0.0)
@@ -128,6 +131,7 @@ class RewardConfig:
     max_length: int = _f(1024, ge=16)  # tokens; longer inputs lose history from the left
     max_pairs: int | None = _f(None, ge=2)  # seeded subsample of the pairs to train on; None: all
     dtype: str = _f("float32", choices=("float32", "bfloat16", "float16"))  # frozen backbone dtype
+    device: str = "auto"  # frozen backbone: auto = cuda when a GPU is visible, else cpu
     feature_cache: str | None = None  # cached backbone features; None: $ESCRAG_CACHE/rm-features
     feature_batch_size: int = _f(8, ge=1)
     max_batch: int = _f(32, ge=1)  # server micro-batch size
@@ -213,6 +217,7 @@ class GrpoConfig:
     keep_checkpoints: int = _f(2, ge=1)  # newest checkpoint folders kept on disk
     log_every: int = _f(1, ge=1)
     tensorboard: bool = True  # also write the per-step metrics as TensorBoard scalars
+    log_samples: bool = True  # <output_dir>/samples.jsonl: every sampled output with its reward and exemplars
 
 
 @dataclass
@@ -331,3 +336,23 @@ def to_dict(cfg) -> dict:
 def output_path(cfg: Config, *parts: str) -> Path:
     """A path under ``run.output_dir``."""
     return Path(cfg.run.output_dir, *parts)
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where every stage reads and writes by default: the one place these paths are spelt."""
+
+    index: Path  # retriever.index_dir, else <output_dir>/index
+    pairs: Path  # reward.pairs, else <output_dir>/prefs/silver_pairs.jsonl (bootstrapped)
+    rm: Path  # reward.head_dir, else <output_dir>/rm
+    sft: Path  # <output_dir>/sft: the cold-start policy
+    grpo: Path  # <output_dir>/grpo: the GRPO run of the pipeline (metrics, checkpoints, policy/)
+    manifest: Path  # <output_dir>/pipeline.json: finished stages and their config keys
+
+
+def run_paths(cfg: Config) -> RunPaths:
+    root = Path(cfg.run.output_dir)
+    return RunPaths(index=Path(cfg.retriever.index_dir) if cfg.retriever.index_dir else root / "index",
+                    pairs=Path(cfg.reward.pairs) if cfg.reward.pairs else root / "prefs" / "silver_pairs.jsonl",
+                    rm=Path(cfg.reward.head_dir) if cfg.reward.head_dir else root / "rm",
+                    sft=root / "sft", grpo=root / "grpo", manifest=root / "pipeline.json")

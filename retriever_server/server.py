@@ -48,7 +48,7 @@ def load_service(index: str, embedder: str | None, cfg) -> RetrieverService:
     spec = embedder or cfg.retriever.embedder
     check_embedder(index, read_manifest(index), spec)
     vector_index = load_index(index, spec, cfg.retriever)
-    return RetrieverService(vector_index, load_embedder(spec), cfg.retriever)
+    return RetrieverService(vector_index, load_embedder(spec, cfg.retriever.device), cfg.retriever)
 
 
 def main(args) -> int:

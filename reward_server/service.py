@@ -51,7 +51,7 @@ class RewardService:
     def from_rm(cls, head_dir: str, rc, backbone: str | None = None) -> RewardService:
         from reward_server.model import RewardModel
 
-        rm = RewardModel.load(head_dir, backbone)
+        rm = RewardModel.load(head_dir, backbone, rc.device)
         info = {"backbone": rm.manifest["backbone"], "max_length": rm.manifest["max_length"],
                 "head_dir": str(head_dir)}
         return cls(rm.score, "rm", rc, info)

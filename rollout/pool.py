@@ -14,6 +14,7 @@ that is down, bad data) are not retried here and reach the caller.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import ray
@@ -33,7 +34,9 @@ class RolloutPool:
         gpus = ro.worker_gpus or (1.0 if ro.engine == "vllm" else 0.0)
         opts = {"num_cpus": ro.worker_cpus, "num_gpus": gpus}
         self.cfg = cfg
-        self.workers = [RolloutWorker.options(**opts).remote(cfg, retriever_url, reward_url, i)
+        # Ray workers do not inherit this process's environment: the servers' bearer token travels along
+        key = os.environ.get("ESCRAG_API_KEY")
+        self.workers = [RolloutWorker.options(**opts).remote(cfg, retriever_url, reward_url, i, key)
                         for i in range(ro.num_workers)]
         self._weights_ref = None
         self.version = 0  # latest weights version pushed

@@ -27,7 +27,8 @@ from reward_server.client import RewardClient
 
 @ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)
 class RolloutWorker:
-    def __init__(self, cfg: Config, retriever_url: str | None, reward_url: str, worker_index: int):
+    def __init__(self, cfg: Config, retriever_url: str | None, reward_url: str, worker_index: int,
+                 api_key: str | None = None):
         import torch
 
         from escrag.models import offline_env
@@ -41,8 +42,8 @@ class RolloutWorker:
         self.cfg, self.index = cfg, worker_index
         self.engine = make_engine(cfg, seed=derive_seed(cfg.run.seed, "worker", worker_index))
         self.sched = EngineScheduler(self.engine, cfg.rollout.max_batch)
-        self.retriever = RetrieverClient(retriever_url, cfg.retriever) if cfg.rollout.rag else None
-        self.reward = RewardClient(reward_url, cfg.reward)
+        self.retriever = RetrieverClient(retriever_url, cfg.retriever, api_key) if cfg.rollout.rag else None
+        self.reward = RewardClient(reward_url, cfg.reward, api_key)
         self._lock = asyncio.Lock()
         self._in_flight, self._groups = 0, 0
 
