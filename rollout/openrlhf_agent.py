@@ -22,11 +22,13 @@ The executor trains every action range; ``AgentExecutor.execute`` drops the firs
 executor does not give, and how we get them:
 - Per-stage sampling. OpenRLHF's sampling params hold temperature and top-p, and each turn the
   executor sets ``max_tokens`` to the context left. ``execute`` hands it a ``_StageEngine`` that puts
-  the stage's token cap, ``rollout.top_k``, the ``</response>`` stop (kept in the text) and
-  special-token-free text (as the local engine decodes it) on each request.
-- ĉ's token ids. ``step`` sees only the action text, which leaves EOS out; the stage engine keeps each
-  turn's ids and the agent reads them through a context variable set per episode (each episode runs
-  in its own asyncio task, so episodes never see each other's).
+  the stage's ``SamplingParams.from_config`` token cap, top-k and stop string (kept in the text) and
+  special-token-free text (as the local engines decode it) on each request.
+- Whether ĉ ended with EOS (the feedback then does not close its turn again). ``step`` sees only the
+  action text, which leaves EOS out; the stage engine notes it per action from vLLM's output (finish
+  reason "stop" without a stop reason, as ``rollout/vllm_engine.py`` reads it) and the agent reads it
+  through a context variable set per episode (each episode runs in its own asyncio task, so episodes
+  never see each other's).
 
 The label carries the state (id, dialogue id, full history) and the run's settings (service URLs and
 the config sections the episode reads), so the agent needs no file or environment of the launcher's.
@@ -45,14 +47,13 @@ from dataclasses import dataclass, field
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
+from escrag import prompts
 from escrag.config import Config, from_dict, to_dict
-from escrag.prompts import render
 from retriever_server.client import RetrieverClient
 from reward_server.client import RewardClient
 from rollout import episode
-from rollout.engine import SamplingParams as _OurParams
+from rollout.engine import SamplingParams
 
-STOP_STRINGS = list(_OurParams.__dataclass_fields__["stop_strings"].default)
 _LABEL_SECTIONS = ("data", "retriever", "rollout")  # the config sections the episode functions read
 
 
@@ -62,7 +63,7 @@ _LABEL_SECTIONS = ("data", "retriever", "rollout")  # the config sections the ep
 def stage1_prompt(tokenizer, history: list[dict], cfg: Config) -> str:
     """The text of the stage-1 prompt; the executor tokenizes it without special tokens, which gives
     ``rollout.episode.prompt_ids`` of the same messages."""
-    return render(tokenizer, episode.stage1_messages(history, cfg))
+    return prompts.render(tokenizer, episode.stage1_messages(history, cfg))
 
 
 def episode_label(state, cfg: Config, retriever_url: str | None, reward_url: str) -> str:
@@ -93,13 +94,13 @@ def _reward(url: str) -> RewardClient:
 
 @dataclass
 class _Episode:
-    """What the agent of one episode reads: the label, the run's config and clients, the tokenizer
-    and the token ids of each action (filled by the stage engine)."""
+    """What the agent of one episode reads: the label, the run's config, the tokenizer and, per
+    action, whether it ended with EOS (filled by the stage engine)."""
 
     label: dict
     cfg: Config
     tokenizer: object
-    turns: list[list[int]] = field(default_factory=list)
+    ended_with_eos: list[bool] = field(default_factory=list)
 
     @classmethod
     def from_label(cls, label: str, tokenizer) -> _Episode:
@@ -107,9 +108,8 @@ class _Episode:
         return cls(data, _config(json.dumps(data["config"], sort_keys=True)), tokenizer)
 
     @property
-    def caps(self) -> list[int]:
-        ro = self.cfg.rollout
-        return [ro.max_new_tokens_stage1, ro.max_new_tokens_stage2] if ro.rag else [ro.max_new_tokens_stage1]
+    def stages(self) -> int:
+        return 2 if self.cfg.rollout.rag else 1
 
 
 _EPISODE: contextvars.ContextVar[_Episode] = contextvars.ContextVar("escrag_openrlhf_episode")
@@ -123,15 +123,16 @@ class _StageEngine:
         self.engine, self.ep = engine, ep
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
-        turn, ro = len(self.ep.turns), self.ep.cfg.rollout
-        cap = self.ep.caps[min(turn, len(self.ep.caps) - 1)]
-        sampling_params.max_tokens = min(sampling_params.max_tokens, cap)
-        sampling_params.top_k = ro.top_k if ro.top_k > 0 else -1
-        sampling_params.stop = list(STOP_STRINGS)
+        stage = min(len(self.ep.ended_with_eos) + 1, self.ep.stages)
+        ours = SamplingParams.from_config(self.ep.cfg.rollout, stage)
+        sampling_params.max_tokens = min(sampling_params.max_tokens, ours.max_new_tokens)
+        sampling_params.top_k = ours.top_k or -1  # vLLM: -1 is the whole vocabulary
+        sampling_params.stop = list(ours.stop_strings)
         sampling_params.include_stop_str_in_output = True
         sampling_params.skip_special_tokens = True
         out = await self.engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
-        self.ep.turns.append(list(out.outputs[0].token_ids))
+        done = out.outputs[0]  # vLLM: finished by EOS when "stop" names no stop string or token
+        self.ep.ended_with_eos.append(done.finish_reason == "stop" and getattr(done, "stop_reason", None) is None)
         return out
 
 
@@ -153,9 +154,8 @@ class TwoStageAgent(AgentInstanceBase):
         query = episode.retrieval_query(stage1_output, lab["history"])
         exemplars = (await episode.retrieve(_retriever(lab["retriever_url"]), [query], cfg.retriever.k,
                                             [lab["dialogue_id"]]))[0]
-        ended_with_eos = episode.ended_with_eos(ep.tokenizer, ep.turns[-1])
         feedback = episode.feedback_text(ep.tokenizer, episode.stage1_messages(lab["history"], cfg), exemplars,
-                                         ended_with_eos)
+                                         ep.ended_with_eos[0])
         return {"rewards": torch.tensor(0.0), "scores": 0.0, "environment_feedback": feedback, "done": False,
                 "extra_logs": {}}
 
@@ -183,7 +183,7 @@ class AgentExecutor(MultiTurnAgentExecutor):
                                         _StageEngine(llm_engine, ep), images)
         finally:
             _EPISODE.reset(token)
-        if len(out["action_ranges"]) < len(ep.caps):  # the context ran out before the last stage
+        if len(out["action_ranges"]) < ep.stages:  # the context ran out before the last stage
             out["extra_logs"] = {"rm_score": 0.0, "format_reward": 0.0, "episode_complete": 0.0}
         if ep.cfg.rollout.rag and not ep.cfg.rollout.train_stage1:
             out["action_ranges"] = out["action_ranges"][1:]

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("openrlhf.utils.agent", reason="make install adds the no-deps OpenRLHF these tests use")
 
-from escrag.config import load_config  # noqa: E402
+from escrag.config import ConfigError, load_config  # noqa: E402
 from escrag.data import load_states  # noqa: E402
+from escrag.sampling import derive_seed  # noqa: E402
 from escrag.servers import ServerProcess  # noqa: E402
 from retriever_server.client import RetrieverClient  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
@@ -76,6 +76,7 @@ class _Completion:
     text: str
     finish_reason: str
     logprobs: list | None
+    stop_reason: str | None  # vLLM: the stop string that ended it, None for EOS or length
 
 
 class VLLMShaped:
@@ -90,12 +91,13 @@ class VLLMShaped:
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         sp = sampling_params
         assert multi_modal_data is None and sp.include_stop_str_in_output and sp.skip_special_tokens
-        params = SamplingParams(sp.max_tokens, sp.temperature, sp.top_p, max(sp.top_k, 0),
-                                seed=self.seeds[len(self.requests)], stop_strings=tuple(sp.stop))
+        params = SamplingParams(sp.max_tokens, sp.temperature, sp.top_p, max(sp.top_k, 0), tuple(sp.stop))
         self.requests.append(sp)
-        gen = (await asyncio.to_thread(self.engine.generate, [list(prompt_token_ids)], params))[0]
+        seed = self.seeds[len(self.requests) - 1]
+        (gen,) = await asyncio.to_thread(self.engine.generate, [list(prompt_token_ids)], params, [seed])
         lps = [{t: _Logprob(lp)} for t, lp in zip(gen.token_ids, gen.logprobs)] if sp.logprobs else None
-        return types.SimpleNamespace(outputs=[_Completion(list(gen.token_ids), gen.text, gen.finish_reason, lps)])
+        stop = sp.stop[0] if gen.finish_reason == "stop" and not gen.ended_with_eos else None
+        return types.SimpleNamespace(outputs=[_Completion(list(gen.token_ids), gen.text, gen.finish_reason, lps, stop)])
 
 
 def _openrlhf_params(cfg):
@@ -136,3 +138,109 @@ def _mask(out):
 
 def _state():
     return load_states("valid")[3]
+
+
+def _seeds(n, group_seed=0):
+    """Sample j of a local group draws stage s with derive_seed(group seed, j, s) (rollout/episode.py)."""
+    return [[derive_seed(group_seed, j, 1), derive_seed(group_seed, j, 2)] for j in range(n)]
+
+
+def _compare(outs, group, train_stage1=False):
+    for out, s in zip(outs, group.samples, strict=True):
+        seq = s.sequence
+        assert out["observation_tokens"] == seq.input_ids
+        assert _mask(out) == seq.loss_mask
+        trained = seq.action_ranges if train_stage1 else seq.action_ranges[1:]
+        assert [tuple(r) for r in out["action_ranges"]] == [tuple(r) for r in trained]
+        assert out["rollout_log_probs"] == pytest.approx(seq.old_logprobs, abs=1e-5)  # batch of N vs one row
+        assert out["reward"] == pytest.approx(s.reward) and out["scores"] == pytest.approx(s.reward)
+        logs = out["extra_logs"]
+        assert (logs["rm_score"], logs["format_reward"], logs["episode_complete"]) == pytest.approx(
+            (s.rm_score, s.format_reward, 1.0))
+
+
+def test_two_stage_episodes_equal_the_local_episode(engine, servers):
+    """Default (paper) setting: only c is trained; ĉ, the feedback and the prompt are masked."""
+    cfg, state = _cfg(), _state()
+    group = _local_group(state, cfg, engine, servers)
+    outs = asyncio.run(_openrlhf_group(state, cfg, engine, servers, _seeds(3)))
+    _compare(outs, group)
+    for out, s in zip(outs, group.samples):
+        (c1, c2) = s.sequence.action_ranges
+        assert out["action_ranges"] == [c2] and sum(_mask(out)) == c2[1] - c2[0] > 0
+        assert len(s.exemplar_ids) == 2 and c2[0] > c1[1]  # the feedback sits between ĉ and c
+    # the samples differ (their own seeds), so the group has something to normalise
+    assert len({tuple(o["observation_tokens"]) for o in outs}) == 3
+
+
+def test_train_stage1_trains_both_actions(engine, servers):
+    cfg, state = _cfg("rollout.train_stage1=true"), load_states("valid")[5]
+    group = _local_group(state, cfg, engine, servers)
+    outs = asyncio.run(_openrlhf_group(state, cfg, engine, servers, _seeds(3)))
+    _compare(outs, group, train_stage1=True)
+    assert all(len(o["action_ranges"]) == 2 for o in outs)
+
+
+def test_vanilla_grpo_scores_the_single_action(engine, servers):
+    cfg, state = _cfg("rollout.rag=false"), _state()
+    group = _local_group(state, cfg, engine, servers)
+    outs = asyncio.run(_openrlhf_group(state, cfg, engine, servers, _seeds(3)))
+    _compare(outs, group, train_stage1=True)
+    assert all(len(o["action_ranges"]) == 1 for o in outs)
+
+
+def test_stage_caps_and_stop_reach_every_request(engine, servers):
+    """The executor offers the whole remaining context each turn; the agent caps each stage as the
+    local engine does and adds top-k and the stop string."""
+    cfg, state = _cfg("rollout.max_new_tokens_stage1=5", "rollout.max_new_tokens_stage2=7", "rollout.top_k=9"), _state()
+    shaped = VLLMShaped(engine, _seeds(1)[0])
+    prompt = agent.stage1_prompt(engine.tokenizer, state.history, cfg)
+    out = asyncio.run(agent.AgentExecutor().execute(prompt, _label(state, cfg, servers), _openrlhf_params(cfg), 2048,
+                                                    engine.tokenizer, shaped))
+    assert [(r.max_tokens, r.top_k, r.stop) for r in shaped.requests] == [(5, 9, ["</response>"]), (7, 9, ["</response>"])]
+    (start, end), = out["action_ranges"]
+    assert end - start <= 7
+
+
+def test_context_running_out_before_stage2_trains_nothing(engine, servers):
+    cfg, state = _cfg(), _state()
+    prompt = agent.stage1_prompt(engine.tokenizer, state.history, cfg)
+    n_prompt = len(engine.tokenizer(prompt, add_special_tokens=False).input_ids)
+    out = asyncio.run(agent.AgentExecutor().execute(prompt, _label(state, cfg, servers), _openrlhf_params(cfg),
+                                                    n_prompt + 12, engine.tokenizer, VLLMShaped(engine, _seeds(1)[0])))
+    assert out["action_ranges"] == [] and out["reward"] == 0
+    assert out["extra_logs"]["episode_complete"] == 0.0
+
+
+def test_label_round_trips_through_openrlhfs_prompt_dataset(engine, servers, tmp_path):
+    """The dataset rows as OpenRLHF's own PromptDataset reads them (loaded by file: the package's
+    datasets/__init__ needs HF datasets): our stage-1 prompt text and the agent's label."""
+    from trainer import openrlhf_launch as orl
+
+    cfg = _cfg(f"run.output_dir={tmp_path}")
+    states = load_states("valid")[:4]
+    path = orl.write_prompts(cfg, states, engine.tokenizer, servers["retriever"], servers["reward"])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    spec = importlib.util.spec_from_file_location(
+        "openrlhf_prompts_dataset",
+        Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0]) / "datasets" / "prompts_dataset.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = orl.check_argv(orl.build_argv(load_config(ROOT / "configs" / "gpu-smoke.yaml")))
+    args = types.SimpleNamespace(data=types.SimpleNamespace(input_key=a["data.input_key"], label_key=a["data.label_key"],
+                                                            apply_chat_template=False, image_key="images"))
+    strategy = types.SimpleNamespace(args=args, is_rank_0=lambda: True)
+    ds = mod.PromptDataset(rows, engine.tokenizer, strategy)
+    expected = orl.dataset_states(cfg, states)  # grpo.steps 2 x 2 states, in the local sampler's order
+    assert len(ds) == len(expected) == 4
+    for i, state in enumerate(expected):
+        _, prompt, label, _ = ds[i]
+        ids = engine.tokenizer(prompt, add_special_tokens=False).input_ids
+        assert ids == episode.prompt_ids(engine.tokenizer, episode.stage1_messages(state.history, cfg))
+        lab = json.loads(label)
+        assert (lab["state_id"], lab["dialogue_id"], lab["history"]) == (episode.state_id(state), state.dialogue_id,
+                                                                       state.history)
+        assert lab["reward_url"] == servers["reward"] and lab["config"]["retriever"]["k"] == 2
+    with pytest.raises(ConfigError, match="openrlhf.max_len"):
+        orl.write_prompts(_cfg(f"run.output_dir={tmp_path}", "openrlhf.max_len=64"), states, engine.tokenizer,
+                          servers["retriever"], servers["reward"])
