@@ -17,7 +17,7 @@ token caps, since OpenRLHF's sampling flags have none of them.
 
 Departures from the local backend (by design, named in docs/cluster.md and tests/test_openrlhf_objective.py):
 OpenRLHF normalises a group by its sample std (N-1) + 1e-9, ours by the population std with eps inside
-the root; it recomputes π_old with the DeepSpeed actor instead of taking the engine's log-probs; it
+the root; it always recomputes π_old with the DeepSpeed actor (ours with grpo.recompute_old_logprobs); it
 keeps zero-advantage groups in the batch (their KL term and tokens count); it clamps the k3 KL to
 [-10, 10] and the log-ratio to [-20, 20]. ``grpo.ratio_level: sequence`` has no OpenRLHF equivalent
 (its ``gspo`` is the length-normalised geometric mean) and is refused.
