@@ -5,6 +5,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+OPENRLHF := $(shell grep -o 'openrlhf\[vllm\]==[0-9.]*' pyproject.toml | sed 's/\[vllm\]//')
 # pip on this kind of machine warns about absent local indexes on every package; hide only that line.
 PIPQUIET := grep -v "is ignored: it is neither a file nor a directory" || true
 
@@ -24,6 +25,10 @@ $(STAMP): pyproject.toml
 	@# the CPU wheel of torch; a looser pin would pull a multi-GB CUDA build
 	@$(PY) -m pip install -q torch==2.13.0 2>&1 | $(PIPQUIET)
 	@$(PY) -m pip install -q -e '.[dev]' 2>&1 | $(PIPQUIET)
+	@# OpenRLHF without its dependencies (they pull CUDA builds): its agent executor, parser source and
+	@# loss run on CPU for tests/test_openrlhf_*.py; the version is the `cluster` extra's pin
+	@$(PY) -m pip install -q --no-deps $(OPENRLHF) 2>&1 | $(PIPQUIET)
+	@$(PY) -m pip install -q pylatexenc aiohttp torch==2.13.0 2>&1 | grep -v -e "^openrlhf " -e "dependency resolver" | $(PIPQUIET)
 	@touch $(STAMP)
 
 demo: install

@@ -221,6 +221,25 @@ class GrpoConfig:
 
 
 @dataclass
+class OpenRLHFConfig:
+    """The OpenRLHF backend (``trainer/openrlhf_launch.py``): placement and DeepSpeed knobs only; the
+    algorithm's numbers (advantages, KL, lr, batch, sampling) come from ``grpo`` and ``rollout``."""
+
+    nodes: int = _f(1, ge=1)
+    gpus_per_node: int = _f(1, ge=1)  # actor (and reference) GPUs per node (paper: 2 for 3B, 4 for 7B)
+    vllm_engines: int | None = _f(None, ge=1)  # None: nodes x gpus_per_node / vllm_tensor_parallel
+    vllm_tensor_parallel: int = _f(1, ge=1)
+    colocate: bool = True  # vLLM, actor and reference share the GPUs, sleeping in turn (hybrid engine)
+    max_len: int = _f(4096, ge=64)  # tokens of one episode: stage-1 prompt + ĉ + feedback + c
+    zero_stage: int = _f(3, ge=0, le=3)
+    gradient_checkpointing: bool = True
+    adam_offload: bool = False
+    attn_implementation: str = "flash_attention_2"  # "sdpa" where flash-attn is not installed
+    rollout_micro_batch_size: int = _f(8, ge=1)  # sequences per forward when making experience
+    prefix_caching: bool = True  # stage 2 re-reads the stage-1 prompt and ĉ: vLLM reuses their KV
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -232,6 +251,7 @@ class Config:
     counselor: CounselorConfig = field(default_factory=CounselorConfig)
     sft: SftConfig = field(default_factory=SftConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
+    openrlhf: OpenRLHFConfig = field(default_factory=OpenRLHFConfig)
 
 
 # --------------------------------------------------------------------------- loading

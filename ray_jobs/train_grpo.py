@@ -202,11 +202,41 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict:
     return summary
 
 
+def train_openrlhf(cfg: Config, policy: str | None = None, resume: bool = False, dry_run: bool = False,
+                   log=print) -> int:
+    """``--backend openrlhf``: OpenRLHF's Ray GRPO trainer driving the two-stage agent from the SFT
+    model (``policy``, default ``<output_dir>/sft``); ``dry_run`` prints the command and returns."""
+    from trainer import openrlhf_launch as orl
+
+    policy = str(policy or orl.default_policy(cfg))
+    cmd, env = orl.command(cfg, policy, resume), orl.run_env(cfg)
+    if dry_run:
+        print(orl.one_line(cmd, env))
+        return 0
+    from escrag.models import load_tokenizer
+    from ray_jobs.services import job_services
+
+    orl.require_policy(cfg, policy)
+    out = Path(cfg.run.output_dir)
+    with job_services(cfg, write_resolved_config(cfg), out / "logs", need_retriever=cfg.rollout.rag, log=log) as urls:
+        orl.write_prompts(cfg, train_states(cfg), load_tokenizer(policy), *urls)
+        return orl.run(cmd, env, log=log)
+
+
 def run_cli(args) -> int:
     """Handler of ``escrag grpo``."""
     cfg = load_config(args.config, args.override)
+    if getattr(args, "backend", "local") == "openrlhf":
+        return train_openrlhf(cfg, args.policy, args.resume, args.dry_run)
     train(cfg, resume=args.resume)
     return 0
+
+
+def backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("local", "openrlhf"), default="local",
+                   help="local: this machine's learner; openrlhf: OpenRLHF on a GPU cluster (docs/cluster.md)")
+    p.add_argument("--policy", default=None, help="openrlhf: start from this model (default <output_dir>/sft)")
+    p.add_argument("--dry-run", action="store_true", help="openrlhf: print the command on one line and exit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="configs/cpu-demo.yaml", help="YAML preset (configs/*.yaml)")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    backend_args(p)
     args = p.parse_args(argv)
     return run_main("train_grpo", lambda: run_cli(args))
 
