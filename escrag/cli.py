@@ -126,8 +126,9 @@ def _train(sub) -> None:
     p.set_defaults(func=_lazy("ray_jobs.pipeline:run_cli"))
     p = sub.add_parser("grpo", help="retrieval-augmented GRPO (same as python -m ray_jobs.train_grpo)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--backend", choices=("local", "openrlhf"), default="local",
-                   help="local: this machine's learner; openrlhf: OpenRLHF on a GPU cluster (docs/cluster.md)")
+    p.add_argument("--backend", choices=("local", "openrlhf"), default=None,
+                   help="local: this machine's learner; openrlhf: OpenRLHF on a GPU cluster (docs/cluster.md); "
+                        "default: grpo.backend")
     p.add_argument("--policy", default=None, help="openrlhf: start from this model (default <output_dir>/sft)")
     p.add_argument("--dry-run", action="store_true", help="openrlhf: print the command on one line and exit")
     _config_args(p, default="configs/cpu-demo.yaml")

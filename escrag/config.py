@@ -198,6 +198,8 @@ class SftConfig:
 
 @dataclass
 class GrpoConfig:
+    # local: the project's learner (one machine); openrlhf: OpenRLHF's Ray trainer (docs/cluster.md)
+    backend: str = _f("local", choices=("local", "openrlhf"))
     steps: int | None = _f(None, ge=1)  # None: `epochs` passes over the train states
     epochs: int = _f(2, ge=1)  # Table 4
     batch_states: int = _f(128, ge=1)  # dialogue states per step (Table 4: 128)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from escrag.atomic import write_json
 from escrag.config import Config, load_config, run_paths, to_dict
-from escrag.errors import UserError, run_main
+from escrag.errors import ServiceError, UserError, run_main
 
 STAGES = ("pairs", "index", "rm", "sft", "grpo")
 UPSTREAM = {"pairs": (), "index": ("pairs",), "rm": ("pairs",), "sft": (), "grpo": ("index", "rm", "sft")}
@@ -153,8 +153,14 @@ def grpo_config(cfg: Config) -> Config:
 
 
 def train_grpo(cfg: Config, log=print, resume: bool = False) -> dict:
-    from ray_jobs.train_grpo import train
+    """``grpo.backend``: the local learner, or OpenRLHF's trainer (paper presets) from the SFT model."""
+    from ray_jobs.train_grpo import train, train_openrlhf
 
+    if cfg.grpo.backend == "openrlhf":
+        code = train_openrlhf(grpo_config(cfg), policy=str(run_paths(cfg).sft), resume=resume, log=log)
+        if code != 0:
+            raise ServiceError(f"OpenRLHF's trainer exited with {code}; its log is above")
+        return {"backend": "openrlhf", "policy": str(run_paths(cfg).grpo / "policy")}
     summary = train(grpo_config(cfg), resume=resume, log=log)
     return {"steps": summary["steps"], "policy": summary["policy"]}
 
@@ -166,7 +172,7 @@ def outputs(cfg: Config, stage: str) -> dict:
     paths = run_paths(cfg)
     return {"pairs": {"pairs": paths.pairs}, "index": {"index": paths.index / "manifest.json"},
             "rm": {"rm": paths.rm / "metrics.json"}, "sft": {"sft": paths.sft / "escrag_meta.json"},
-            "grpo": {"policy": paths.grpo / "policy" / "escrag_meta.json"}}[stage]
+            "grpo": {"policy": paths.grpo / "policy"}}[stage]
 
 
 def run_pipeline(cfg: Config, until: str | None = None, log=print) -> dict:

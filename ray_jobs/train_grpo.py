@@ -214,27 +214,28 @@ def train_openrlhf(cfg: Config, policy: str | None = None, resume: bool = False,
         print(orl.one_line(cmd, env))
         return 0
     from escrag.models import load_tokenizer
-    from ray_jobs.services import job_services
+    from ray_jobs.services import JobServices
 
     orl.require_policy(cfg, policy)
     out = Path(cfg.run.output_dir)
-    with job_services(cfg, write_resolved_config(cfg), out / "logs", need_retriever=cfg.rollout.rag, log=log) as urls:
-        orl.write_prompts(cfg, train_states(cfg), load_tokenizer(policy), *urls)
+    with JobServices(cfg, write_resolved_config(cfg), out / "logs", need_retriever=cfg.rollout.rag, log=log) as svc:
+        orl.write_prompts(cfg, train_states(cfg), load_tokenizer(policy), svc.urls["retriever"], svc.urls["reward"])
         return orl.run(cmd, env, log=log)
 
 
 def run_cli(args) -> int:
     """Handler of ``escrag grpo``."""
     cfg = load_config(args.config, args.override)
-    if getattr(args, "backend", "local") == "openrlhf":
+    if (getattr(args, "backend", None) or cfg.grpo.backend) == "openrlhf":
         return train_openrlhf(cfg, args.policy, args.resume, args.dry_run)
     train(cfg, resume=args.resume)
     return 0
 
 
 def backend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=("local", "openrlhf"), default="local",
-                   help="local: this machine's learner; openrlhf: OpenRLHF on a GPU cluster (docs/cluster.md)")
+    p.add_argument("--backend", choices=("local", "openrlhf"), default=None,
+                   help="local: this machine's learner; openrlhf: OpenRLHF on a GPU cluster (docs/cluster.md); "
+                        "default: grpo.backend")
     p.add_argument("--policy", default=None, help="openrlhf: start from this model (default <output_dir>/sft)")
     p.add_argument("--dry-run", action="store_true", help="openrlhf: print the command on one line and exit")
 

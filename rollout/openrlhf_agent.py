@@ -32,8 +32,8 @@ executor does not give, and how we get them:
 
 The label carries the state (id, dialogue id, full history) and the run's settings (service URLs and
 the config sections the episode reads), so the agent needs no file or environment of the launcher's.
-Service bearer tokens, when the services use them, come from ``ESCRAG_RETRIEVER_API_KEY`` and
-``ESCRAG_REWARD_API_KEY`` in the Ray job's runtime environment; they are never written to the dataset.
+The services' bearer token, when they use one, comes from ``ESCRAG_API_KEY`` in the Ray job's
+runtime environment (as everywhere in the project); it is never written to the dataset.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -81,12 +80,12 @@ def _config(config_json: str) -> Config:
 
 @functools.lru_cache(maxsize=16)
 def _retriever(url: str) -> RetrieverClient:
-    return RetrieverClient(url, api_key=os.environ.get("ESCRAG_RETRIEVER_API_KEY"))
+    return RetrieverClient(url)  # bearer token: $ESCRAG_API_KEY
 
 
 @functools.lru_cache(maxsize=16)
 def _reward(url: str) -> RewardClient:
-    return RewardClient(url, api_key=os.environ.get("ESCRAG_REWARD_API_KEY"))
+    return RewardClient(url)
 
 
 # ------------------------------------------------------------------------------ one episode

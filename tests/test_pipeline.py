@@ -30,7 +30,8 @@ SIZE_KEYS = {  # what paper-tiny may change: names, sizes, stand-in models and d
     "data.max_train_states", "policy.model", "retriever.embedder", "retriever.pairs", "reward.backbone",
     "reward.pairs", "reward.max_length", "reward.max_pairs", "rollout.engine", "rollout.num_workers",
     "rollout.max_new_tokens_stage1", "rollout.max_new_tokens_stage2", "rollout.torch_threads", "sft.data",
-    "sft.num_examples", "sft.max_length", "grpo.batch_states", "grpo.checkpoint_every"}
+    "sft.num_examples", "sft.max_length", "grpo.batch_states", "grpo.checkpoint_every",
+    "grpo.backend", "openrlhf.gpus_per_node"}  # the paper presets train through OpenRLHF on GPUs
 
 
 def test_paper_tiny_differs_from_paper_3b_only_in_size():
