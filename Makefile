@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-all lint bench clean
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -34,7 +34,11 @@ $(STAMP): pyproject.toml
 demo: install
 	@$(PY) -m ray_jobs.demo --config configs/cpu-demo.yaml
 
+# the slow tests (SmolLM2 end to end, minutes each) are deselected here and run by `make test-all`
 test: install
+	@$(PY) -m pytest -q -m "not slow" tests
+
+test-all: install
 	@$(PY) -m pytest -q tests
 
 bench: install
