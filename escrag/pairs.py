@@ -36,6 +36,10 @@ from escrag.data import SPLITS, DataError, load_states, read_jsonl
 from escrag.errors import UserError
 
 METRICS = ("EI", "NE", "TA", "SC", "TH", "SF", "PT")  # paper 3.2: Client EI NE TA, Counselor SC TH, Judge SF PT
+METRIC_NAMES = {"EI": "Emotional Impact", "NE": "Non-Lecturing Empathy", "TA": "Therapeutic Alliance",
+                "SC": "Strategic Coherence", "TH": "Theoretical Application", "SF": "Strategy-Client Fit",
+                "PT": "Problem Targeting"}
+PERSPECTIVES = {"Client": ("EI", "NE", "TA"), "Counselor": ("SC", "TH"), "Judge": ("SF", "PT")}  # Table 1
 ROLES = ("user", "assistant")
 MIN_GOLD_WORDS = 5
 NEGATIVE_KINDS = ("other_dialogue", "generic", "lecturing", "truncated")
