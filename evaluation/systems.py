@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from pathlib import Path
 
 from escrag.config import Config, ConfigError, EndpointConfig, EvalSystemConfig, from_dict, to_dict
 from escrag.endpoints import CallLog, ChatEndpoint, ChatResult
+from escrag.errors import ServiceError
 from escrag.servers import ServerProcess
 from evaluation.cache import content_key
 
@@ -71,12 +73,22 @@ def _check_refs(cfg: Config, systems: dict[str, EvalSystemConfig]) -> None:
         raise ConfigError(f"judge.endpoint: no endpoint {cfg.judge.endpoint!r} in endpoints")
 
 
+def _check_keys(cfg: Config, systems: dict[str, EvalSystemConfig]) -> None:
+    """Fail before any work when an endpoint the run calls has no key in the environment."""
+    used = {s.endpoint for s in systems.values() if s.endpoint} | ({cfg.judge.endpoint} - {None})
+    for name in sorted(used):
+        var = cfg.endpoints[name].api_key_env
+        if var and not os.environ.get(var):
+            raise ConfigError(f"endpoints.{name}.api_key_env: environment variable {var} is not set")
+
+
 def validate(cfg: Config) -> dict[str, EvalSystemConfig]:
     """name -> system, after checking every reference; errors name the key."""
     if not cfg.eval.systems:
         raise ConfigError("eval.systems: at least one system is required")
     systems = _check_names(cfg)
     _check_refs(cfg, systems)
+    _check_keys(cfg, systems)
     return systems
 
 
@@ -159,8 +171,14 @@ class Services:
         if self._retriever is None:
             args = ["retriever", "--index", str(index_dir(self.cfg)), "--config", str(self.config_file)]
             self.log(f"[eval] starting escrag serve {' '.join(args)}")
-            self._retriever = ServerProcess("retriever", args, self.log_dir, self.cfg.run.server_timeout_s)
+            self._retriever = self._start("retriever", args)
         return self._retriever.url
+
+    def _start(self, name: str, args: list[str]) -> ServerProcess:
+        try:
+            return ServerProcess(name, args, self.log_dir, self.cfg.run.server_timeout_s)
+        except RuntimeError as exc:  # it exited or never became healthy; the message ends with its log
+            raise ServiceError(f"escrag serve {' '.join(args)} did not start: {exc}") from None
 
     @contextlib.contextmanager
     def counselor(self, system: EvalSystemConfig, args: list[str]):
@@ -170,7 +188,7 @@ class Services:
         rag = ["--retriever", self.retriever_url()] if system.rag else ["--no-rag"]
         args = ["counselor", *args, *rag, "--config", str(self.config_file), *extra]
         self.log(f"[eval] {system.name}: starting escrag serve {' '.join(args)}")
-        server = ServerProcess(f"counselor-{system.name}", args, self.log_dir, self.cfg.run.server_timeout_s)
+        server = self._start(f"counselor-{system.name}", args)
         try:
             yield server.url
         finally:
