@@ -99,7 +99,12 @@ def _serve(sub) -> None:
     _config_args(p)
     p.set_defaults(func=_lazy("reward_server.server:main"))
     p = serve.add_parser("counselor", help="OpenAI-compatible two-stage RAG counselor")
-    p.add_argument("--policy", required=True, help="model spec or checkpoint folder")
+    p.add_argument("--policy", default=None, help="model spec or checkpoint folder (or use --endpoint)")
+    p.add_argument("--endpoint", default=None, metavar="BASE_URL",
+                   help="answer with a remote OpenAI-compatible model instead of a local policy")
+    p.add_argument("--endpoint-model", default=None, metavar="NAME", help="model name for --endpoint")
+    p.add_argument("--endpoint-key-env", default=None, metavar="VAR",
+                   help="environment variable holding the API key for --endpoint")
     p.add_argument("--retriever", default=None, help="retriever URL (required unless --no-rag)")
     p.add_argument("--no-rag", action="store_true", help="one-stage answers, no retrieval")
     _server_args(p, 8100)

@@ -70,7 +70,9 @@ class LoraConfig:
 @dataclass
 class PolicyConfig:
     model: str = "packaged:smollm2-135m-instruct"  # see escrag.models.resolve_model
+    # compute dtype of the learner and SFT (autocast; weights stay float32) and the engines' weights
     dtype: str = _f("float32", choices=("float32", "bfloat16", "float16"))
+    device: str = "auto"  # learner, its reference and SFT: auto = cuda when a GPU is visible, else cpu
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -103,6 +105,12 @@ class RetrieverConfig:
     max_queue: int = _f(4096, ge=1)  # queries waiting; beyond it /retrieve answers 503 + Retry-After
     max_queries: int = _f(256, ge=1)  # queries per request
     max_query_chars: int = _f(8000, ge=1)  # per query; the embedder reads ~256 tokens anyway
+    max_body_bytes: int = _f(8 << 20, ge=1024)  # larger requests get 413
+    # client (rollout workers, counselor API): a call is retried with backoff on connection errors,
+    # 429 and 5xx (honouring Retry-After) until wait_s has passed, then the job stops cleanly
+    timeout_s: float = _f(60.0, gt=0.0)  # one attempt
+    wait_s: float = _f(300.0, gt=0.0)  # all attempts of one call (a restarted server reloads its model)
+    backoff_s: float = _f(0.5, gt=0.0)  # first retry delay; doubles up to 8x
 
 
 @dataclass
@@ -125,6 +133,10 @@ class RewardConfig:
     max_batch: int = _f(32, ge=1)  # server micro-batch size
     max_wait_ms: float = _f(5.0, ge=0.0)
     max_queue: int = _f(1024, ge=1)  # server returns 503 + Retry-After beyond this
+    max_body_bytes: int = _f(8 << 20, ge=1024)  # larger requests get 413
+    timeout_s: float = _f(120.0, gt=0.0)  # client: one attempt
+    wait_s: float = _f(300.0, gt=0.0)  # client: all attempts of one call (see retriever.wait_s)
+    backoff_s: float = _f(0.5, gt=0.0)  # client: first retry delay; doubles up to 8x
 
 
 @dataclass
@@ -146,6 +158,7 @@ class RolloutConfig:
     worker_gpus: float = _f(0.0, ge=0.0)  # Ray GPUs per worker; the vllm engine needs > 0 (0 means 1)
     max_reissues: int = _f(3, ge=0)  # times the pool re-issues the states of a worker that died
     restart_timeout_s: float = _f(300.0, gt=0.0)  # how long the pool waits for Ray to restart a worker
+    restart_poll_s: float = _f(0.1, gt=0.0)  # first poll of a restarting worker; doubles up to 20x
     vllm_gpu_memory: float = _f(0.6, gt=0.0, le=1.0)  # vLLM gpu_memory_utilization per engine
     # Counselor safety check (rollout/safety.py): lexicon + similarity to seed phrases.
     risk_embedder: str = "packaged:minilm"  # thresholds below are calibrated for all-MiniLM-L6-v2
@@ -153,6 +166,17 @@ class RolloutConfig:
     risk_high_similarity: float = _f(0.6, gt=0.0, le=1.0)  # cosine to a risk seed -> "high"
     risk_elevated_similarity: float = _f(0.45, gt=0.0, le=1.0)  # cosine to a risk seed -> "elevated"
     risk_benign_margin: float = _f(0.1, ge=0.0)  # risk seed must beat the best benign seed by this
+
+
+@dataclass
+class CounselorConfig:
+    """``escrag serve counselor``: request limits and the remote-endpoint client."""
+
+    max_body_bytes: int = _f(1 << 20, ge=1024)  # larger requests get 413 at once
+    max_history_chars: int = _f(100_000, ge=1)  # longer conversations get 400 before any generation
+    endpoint_timeout_s: float = _f(120.0, gt=0.0)  # --endpoint: one attempt
+    endpoint_wait_s: float = _f(300.0, gt=0.0)  # --endpoint: all attempts of one call
+    endpoint_backoff_s: float = _f(1.0, gt=0.0)
 
 
 @dataclass
@@ -165,6 +189,7 @@ class SftConfig:
     grad_accum: int = _f(1, ge=1)
     max_length: int = _f(512, ge=16)
     max_steps: int | None = _f(None, ge=1)
+    max_grad_norm: float = _f(1.0, gt=0.0)
 
 
 @dataclass
@@ -180,6 +205,9 @@ class GrpoConfig:
     loss_agg: str = _f("token_mean", choices=("token_mean", "seq_mean"))
     micro_batch_size: int = _f(4, ge=1)
     updates_per_batch: int = _f(1, ge=1)  # optimizer passes over each rollout batch
+    # π_old of eq. 10: the learner's own log-probs before its first pass (True) or the rollout's
+    # recorded behaviour log-probs (False); None: True for the vllm engine, False for transformers
+    recompute_old_logprobs: bool | None = None
     max_grad_norm: float = _f(1.0, gt=0.0)
     checkpoint_every: int = _f(10, ge=1)
     keep_checkpoints: int = _f(2, ge=1)  # newest checkpoint folders kept on disk
@@ -280,6 +308,7 @@ class Config:
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    counselor: CounselorConfig = field(default_factory=CounselorConfig)
     sft: SftConfig = field(default_factory=SftConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     endpoints: dict[str, EndpointConfig] = _f({})  # named OpenAI-compatible endpoints

@@ -141,19 +141,19 @@ def stage_grpo(cfg: Config, retriever_url: str, reward_url: str) -> None:
 
 
 async def _answer_all(cfg: Config, states, retriever_url: str, reward_url: str) -> list[tuple[dict, dict]]:
-    from escrag.http_client import AsyncJsonClient
+    from escrag.sampling import derive_seed
     from retriever_server.client import RetrieverClient
-    from rollout.counselor_api import rag_answer
-    from rollout.engine import EngineScheduler
-    from rollout.hf_engine import HFEngine
+    from reward_server.client import RewardClient
+    from rollout.engine import make_engine
+    from rollout.episode import answer, engine_chat, state_id
 
-    engine = HFEngine(str(output_path(cfg, "policy")), dtype=cfg.policy.dtype, seed=cfg.run.seed)
-    sched = EngineScheduler(engine, cfg.rollout.max_batch)  # the three answers share engine batches
-    retriever, reward = RetrieverClient(retriever_url), AsyncJsonClient(reward_url)
+    chat = engine_chat(make_engine(cfg, model_spec=str(output_path(cfg, "policy"))), cfg)  # shared batches
+    retriever, reward = RetrieverClient(retriever_url, cfg.retriever), RewardClient(reward_url, cfg.reward)
     try:
-        answers = await asyncio.gather(*(rag_answer(s, sched, retriever, cfg) for s in states))
-        scores = await reward.post("/score", {"items": [{"history": s.history, "output": a["output"]}
-                                                        for s, a in zip(states, answers)]})
+        answers = await asyncio.gather(*(answer(s.history, chat, retriever, cfg,
+                                                seed=derive_seed(cfg.run.seed, "demo", state_id(s)))
+                                         for s in states))
+        scores = await reward.score([{"history": s.history, "output": a["output"]} for s, a in zip(states, answers)])
     finally:
         await retriever.aclose()
         await reward.aclose()

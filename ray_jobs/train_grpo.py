@@ -93,6 +93,8 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
     """The loop of Algorithm 1 (training part); returns a summary with the metrics rows' path."""
     from tqdm import tqdm
 
+    from escrag.sampling import derive_seed
+    from rollout.episode import state_id
     from trainer.checkpoint import StateSampler, save_checkpoint
     from trainer.metrics import MetricsLog
 
@@ -105,7 +107,7 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
     for step in bar:
         batch = [states[i] for i in sampler.next_batch()]
         t0 = time.perf_counter()
-        groups = pool.generate(batch)
+        groups = pool.generate(batch, [derive_seed(cfg.run.seed, "grpo", step, state_id(s)) for s in batch])
         gen_s = time.perf_counter() - t0
         m = learner.step(groups)
         t1 = time.perf_counter()
