@@ -287,7 +287,6 @@ class HumanConfig:
 class EvalConfig:
     states: int | None = _f(None, ge=1)  # seeded sample of test states; None: all of them
     temperature: float | None = _f(None, ge=0.0, le=2.0)  # answers; None: rollout.temperature
-    max_tokens: int | None = _f(None, ge=1)  # final output tokens; None: rollout.max_new_tokens_stage2
     concurrency: int = _f(8, ge=1)  # requests in flight to a counselor server
     answer_timeout_s: float = _f(900.0, gt=0.0)  # one counselor answer, queueing included
     bootstrap: int = _f(1000, ge=10)  # resamples for the confidence intervals

@@ -119,10 +119,10 @@ def _head_identity(rm_dir: Path) -> str:
                         "max_length": manifest.get("max_length")})
 
 
-async def _score(url: str, todo: list, cache: JsonlCache, batch: int = 16) -> None:
+async def _score(url: str, cfg: Config, todo: list, cache: JsonlCache, batch: int = 16) -> None:
     from reward_server.client import RewardClient
 
-    client = RewardClient(url, timeout=600.0)
+    client = RewardClient(url, cfg.reward)
     try:
         for i in range(0, len(todo), batch):
             chunk = todo[i:i + batch]
@@ -151,7 +151,7 @@ def rm_scores(cfg: Config, run_dir: Path, records: list, histories: dict, config
         log_fn(f"[eval] proxy: scoring {len(todo)} answers with escrag serve {' '.join(args)}")
         server = ServerProcess("proxy-reward", args, run_dir / "logs", cfg.run.server_timeout_s)
         try:
-            asyncio.run(_score(server.url, list(todo.values()), cache))
+            asyncio.run(_score(server.url, cfg, list(todo.values()), cache))
         finally:
             server.stop()
     return {a: cache.get(k)["score"] for a, k in keys.items()}

@@ -35,15 +35,10 @@ from escrag.config import Config, load_config, to_dict
 from escrag.endpoints import CallLog, ChatEndpoint, EndpointError
 from escrag.errors import UserError
 from escrag.judge import Judge
+from escrag.sampling import derive_seed
 from evaluation import systems as sysmod
 from evaluation.cache import JsonlCache
 from evaluation.states import sample_states, state_id, write_states
-
-
-def derive_seed(*parts) -> int:
-    import hashlib
-
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
 
 
 class Progress:

@@ -111,11 +111,10 @@ def _folder_fingerprint(spec: str) -> list | str:
 
 
 def _prompt_version() -> str:
-    """A hash of every prompt text the two stages use."""
+    """A hash of the prompt module's source (texts and layout): any edit there misses the cache."""
     from escrag import prompts
 
-    texts = {k: v for k, v in vars(prompts).items() if k.isupper() and isinstance(v, str)}
-    return content_key(texts)[:16]
+    return content_key(Path(prompts.__file__).read_text(encoding="utf-8"))[:16]
 
 
 def _index_identity(cfg: Config) -> dict:
@@ -131,7 +130,7 @@ def identity(cfg: Config, system: EvalSystemConfig) -> dict:
     """Everything about a system that changes its answers (the state and the seed aside)."""
     scfg = system_config(cfg, system)
     out = {"rag": system.rag, "prompts": _prompt_version(), "temperature": cfg.eval.temperature,
-           "max_tokens": cfg.eval.max_tokens, "rollout": to_dict(scfg.rollout),
+           "rollout": to_dict(scfg.rollout),
            "max_history_turns": scfg.data.max_history_turns}
     if system.policy is not None:
         out.update(kind="policy", policy=system.policy, weights=_folder_fingerprint(system.policy),
@@ -219,28 +218,58 @@ def _counselor_client(system: EvalSystemConfig, url: str, cfg: Config, log: Call
     """A client of a counselor this run started; ``prices`` bills an endpoint behind it."""
     ep = EndpointConfig(base_url=f"{url}/v1", model=system.name, max_concurrency=cfg.eval.concurrency,
                         timeout_s=cfg.eval.answer_timeout_s, retries=2, backoff_s=1.0)
-    if prices is not None:
+    if prices is not None:  # each answer is two calls to the endpoint behind the counselor
+        rpm = prices.requests_per_minute / 2 if prices.requests_per_minute else None
         ep = dataclasses.replace(ep, price_input_per_m=prices.price_input_per_m,
-                                 price_output_per_m=prices.price_output_per_m,
+                                 price_output_per_m=prices.price_output_per_m, requests_per_minute=rpm,
                                  max_concurrency=min(cfg.eval.concurrency, prices.max_concurrency))
     return ChatEndpoint(f"system:{system.name}", ep, log)
 
 
 @contextlib.contextmanager
 def open_system(system: EvalSystemConfig, cfg: Config, services: Services, log: CallLog):
-    """Yield ``answer(history, seed) -> awaitable answer record`` for ``system``; whatever it
-    started is stopped when the block ends."""
+    """Yield ``answer(history, seed, state_id) -> awaitable answer record`` for ``system``; whatever
+    it started is stopped when the block ends."""
     if system.policy is not None:
         with services.counselor(system, ["--policy", system.policy]) as url:
-            client = _counselor_client(system, url, cfg, log)
-            yield _counselor_answer(client, cfg, system)
+            yield _counselor_answer(_counselor_client(system, url, cfg, log), cfg, system)
         return
-    raise ConfigError(f"eval.systems: endpoint system {system.name!r} needs the shared two-stage path")
+    ep = cfg.endpoints[system.endpoint]
+    if not system.rag:
+        yield _direct_answer(ChatEndpoint(f"system:{system.name}", ep, log), system_config(cfg, system), system)
+        return
+    args = ["--endpoint", ep.base_url, "--endpoint-model", ep.model]
+    args += ["--endpoint-key-env", ep.api_key_env] if ep.api_key_env else []
+    with services.counselor(system, args) as url:
+        yield _counselor_answer(_counselor_client(system, url, cfg, log, prices=ep), cfg, system)
 
 
 def _counselor_answer(client: ChatEndpoint, cfg: Config, system: EvalSystemConfig):
     async def answer(history: list[dict], seed: int, sid: str) -> dict:
-        res = await client.chat(history, temperature=cfg.eval.temperature, max_tokens=cfg.eval.max_tokens,
-                                seed=seed, tag=f"answer:{system.name}:{sid}")
+        res = await client.chat(history, temperature=cfg.eval.temperature, seed=seed,
+                                tag=f"answer:{system.name}:{sid}")
         return _from_counselor(res)
+    return answer
+
+
+def _direct_answer(endpoint: ChatEndpoint, scfg: Config, system: EvalSystemConfig):
+    """An endpoint without RAG: the stage-1 prompt through ``rollout.episode.answer`` (one stage)."""
+    from rollout.episode import answer as episode_answer
+
+    ro = scfg.rollout
+    temperature = ro.temperature if scfg.eval.temperature is None else scfg.eval.temperature
+
+    async def answer(history: list[dict], seed: int, sid: str) -> dict:
+        spent = {"prompt_tokens": 0, "completion_tokens": 0, "cost": 0.0}
+
+        async def chat(messages: list[dict], stage: int, stage_seed: int | None) -> str:
+            res = await endpoint.chat(messages, temperature=temperature, top_p=ro.top_p, seed=stage_seed,
+                                      max_tokens=ro.max_new_tokens_stage1, tag=f"answer:{system.name}:{sid}")
+            for key in spent:
+                spent[key] += getattr(res, key)
+            return res.text
+
+        ans = await episode_answer(history, chat, None, scfg, rag=False, seed=seed)
+        return {"response": ans["response"], "output": ans["output"], "think": ans["think"], "initial": "",
+                "format_ok": ans["format_ok"], "exemplars": [], "risk": None, **spent}
     return answer

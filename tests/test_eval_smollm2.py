@@ -67,7 +67,7 @@ def script(llm: OpenAIDouble, states) -> dict:
         good = Reply.json(table_scores(i))
         kind = SPECIAL[i] if i < len(SPECIAL) else "normal"
         queue = {"repair_once": [Reply("Scores: EI=8, NE=7")], "rate_limited": [Reply.error(429, retry_after=0.3)],
-                 "server_error": [Reply.error(500)], "too_slow": [Reply.json(table_scores(i), delay_s=2.5)]}
+                 "server_error": [Reply.error(500)], "too_slow": [Reply.json(table_scores(i), delay_s=1.6)]}
         default = Reply('{"EI": 9}') if kind == "malformed" else good
         llm.on(state_id(s), tail + r"\n</conversation>", queue.get(kind, []), default=default)
         kinds[state_id(s)] = (i, kind)
@@ -79,6 +79,7 @@ def escrag_eval(config) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_full_evaluation_two_smollm2_systems(tmp_path, index):
     with OpenAIDouble() as llm:
         config = eval_config(tmp_path, index, llm.base_url)
