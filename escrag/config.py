@@ -254,7 +254,7 @@ class EvalSystemConfig:
     endpoint: str | None = None  # a name in ``endpoints`` (a baseline such as GPT-4o, or a served model)
     rag: bool = False  # two-stage RAG inference with the project's retriever
     k: int | None = _f(None, ge=1, le=50)  # exemplars per query; None: retriever.k
-    overrides: list[str] = _f([])  # extra ``-o key=value`` for this system's counselor server
+    overrides: list[str] = _f([])  # ``key=value`` for this system only (its counselor gets them as -o)
 
 
 @dataclass

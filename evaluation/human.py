@@ -315,7 +315,8 @@ def figure4(comparisons: list[dict], path: Path) -> str:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 0.8 + 0.7 * len(comparisons)))
-    labels = [f"{c['study']} vs {c['baseline']}" for c in comparisons]
+    labels = [f"{c['study']} vs {c['baseline']}" + ("" if c["kappa"] is None else f"\n(Fleiss' κ {c['kappa']:.2f})")
+              for c in comparisons]
     left = [0.0] * len(comparisons)
     for o, color in zip(OUTCOMES, ("#4c9a5b", "#b9b9b9", "#c8553d")):
         vals = [100 * c[o] / max(1, c["pairs"]) for c in comparisons]

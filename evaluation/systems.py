@@ -47,8 +47,6 @@ def _check_names(cfg: Config) -> dict[str, EvalSystemConfig]:
         if s.endpoint is not None and s.endpoint not in cfg.endpoints:
             raise ConfigError(f"{at}.endpoint: no endpoint {s.endpoint!r} in endpoints "
                               f"(known: {', '.join(sorted(cfg.endpoints)) or 'none'})")
-        if s.endpoint is not None and s.overrides:
-            raise ConfigError(f"{at}.overrides: only policy systems run a server that takes overrides")
         systems[s.name] = s
     return systems
 

@@ -122,7 +122,7 @@ def figure3(rows: list[dict], ks: list[int], path, title: str) -> str:
 
     order = np.argsort(ks)
     k = np.asarray(ks)[order]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
     for m in METRICS:
         ax.plot(k, [rows[i][m][0] for i in order], marker="o", linewidth=1, label=m)
     avg = np.asarray([rows[i]["Avg"] for i in order])
@@ -132,7 +132,7 @@ def figure3(rows: list[dict], ks: list[int], path, title: str) -> str:
     ax.set_xlabel("retrieved exemplars k")
     ax.set_ylabel("judge score (1-10)")
     ax.set_title(title, fontsize=10)
-    ax.legend(ncol=4, fontsize=8)
+    ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_file(path, "wb") as fh:
