@@ -135,10 +135,29 @@ def _train(sub) -> None:
     p.set_defaults(func=_lazy("ray_jobs.train_grpo:run_cli"))
 
 
+def _eval(sub) -> None:
+    p = sub.add_parser("eval", help="judge tables, offline proxy and human study (docs/evaluation.md)")
+    _config_args(p)
+    p.set_defaults(func=_lazy("evaluation.run:main"))
+    ev = p.add_subparsers(dest="eval_cmd")
+    e = ev.add_parser("export-human", help="blind pairs (pairs.csv, form.html); the key stays in the run")
+    e.add_argument("--run", required=True, help="run folder of `escrag eval`")
+    e.add_argument("--out", required=True, help="folder for the annotators' files")
+    e.set_defaults(func=_lazy("evaluation.human:export_main"))
+    i = ev.add_parser("import-human", help="filled forms -> win/tie/loss, Fleiss' kappa, figure4.png")
+    i.add_argument("--run", required=True, help="run folder of `escrag eval` (holds the key)")
+    i.add_argument("files", nargs="+", help="annotation files saved by form.html (or filled CSVs)")
+    i.set_defaults(func=_lazy("evaluation.human:import_main"))
+    r = ev.add_parser("proxy-rm", help="train the proxy RM on train dialogues disjoint from the training RM's")
+    r.add_argument("--out", required=True, help="folder of the proxy reward model")
+    _config_args(r)
+    r.set_defaults(func=_lazy("evaluation.proxy:proxy_rm_main"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="escrag", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for add in (_data, _index, _prefs, _rm, _serve, _train):
+    for add in (_data, _index, _prefs, _rm, _serve, _train, _eval):
         add(sub)
     return parser
 

@@ -173,14 +173,30 @@ class RolloutConfig:
 
 
 @dataclass
+class EndpointConfig:
+    """An OpenAI-compatible chat endpoint (``escrag/endpoints.py``): a judge, a baseline, a simulator."""
+
+    base_url: str = ""  # up to and including /v1, e.g. https://api.openai.com/v1
+    model: str = ""  # the "model" field of each request
+    api_key_env: str | None = None  # environment variable holding the key; None: no Authorization header
+    max_concurrency: int = _f(8, ge=1)  # requests in flight
+    requests_per_minute: float | None = _f(None, gt=0.0)  # request starts are spaced 60/rpm s; None: no limit
+    price_input_per_m: float = _f(0.0, ge=0.0)  # USD per million prompt tokens (cost accounting)
+    price_output_per_m: float = _f(0.0, ge=0.0)  # USD per million completion tokens
+    timeout_s: float = _f(120.0, gt=0.0)  # total time of one attempt
+    retries: int = _f(5, ge=0)  # further attempts after connection errors, timeouts, 429 and 5xx
+    backoff_s: float = _f(1.0, ge=0.0)  # wait before the first retry; doubles each time (Retry-After wins)
+    max_backoff_s: float = _f(60.0, gt=0.0)  # cap on any wait, Retry-After included
+
+
+@dataclass
 class CounselorConfig:
     """``escrag serve counselor``: request limits and the remote-endpoint client."""
 
     max_body_bytes: int = _f(1 << 20, ge=1024)  # larger requests get 413 at once
     max_history_chars: int = _f(100_000, ge=1)  # longer conversations get 400 before any generation
-    endpoint_timeout_s: float = _f(120.0, gt=0.0)  # --endpoint: one attempt
-    endpoint_wait_s: float = _f(300.0, gt=0.0)  # --endpoint: all attempts of one call
-    endpoint_backoff_s: float = _f(1.0, gt=0.0)
+    # --endpoint: limits, retries and prices of the remote model (its URL, model and key come from flags)
+    endpoint: EndpointConfig = field(default_factory=EndpointConfig)
 
 
 @dataclass
@@ -242,6 +258,72 @@ class OpenRLHFConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """The seven-metric LLM judge (``escrag/judge.py``; paper 4.1 and Appendix A.2)."""
+
+    endpoint: str | None = None  # a name in ``endpoints``; None: no judge (offline proxy only)
+    template: str = "judge_v1"  # escrag/templates/<template>.txt; recorded with every score
+    temperature: float = _f(0.0, ge=0.0, le=2.0)
+    max_tokens: int = _f(200, ge=16)
+    json_mode: bool = False  # send response_format={"type": "json_object"} (OpenAI, vLLM accept it)
+    max_history_turns: int | None = _f(None, ge=1)  # turns of history the judge sees; None: all
+
+
+@dataclass
+class EvalSystemConfig:
+    """One system under evaluation: a policy served by ``escrag serve counselor``, or an endpoint."""
+
+    name: str = ""  # unique; names the system in files and tables
+    label: str | None = None  # shown in tables and figures; None: the name
+    policy: str | None = None  # model spec or folder (exactly one of policy / endpoint)
+    endpoint: str | None = None  # a name in ``endpoints`` (a baseline such as GPT-4o, or a served model)
+    rag: bool = False  # two-stage RAG inference with the project's retriever
+    k: int | None = _f(None, ge=1, le=50)  # exemplars per query; None: retriever.k
+    overrides: list[str] = _f([])  # ``key=value`` for this system only (its counselor gets them as -o)
+
+
+@dataclass
+class EvalRowConfig:
+    label: str = ""
+    system: str = ""
+
+
+@dataclass
+class ProxyConfig:
+    """The offline proxy report (``evaluation/proxy.py``): not the paper's judge, never mixed with it."""
+
+    enabled: bool = True
+    rm_dir: str | None = None  # proxy reward model from ``escrag eval proxy-rm``; None: no RM score
+    training_rm_dir: str | None = None  # the RM the policy was trained against; None: reward.head_dir
+    copy_ngram: int = _f(8, ge=2)  # a response "copies" when it shares this many consecutive words
+    train_dialogues: int | None = _f(None, ge=2)  # proxy-rm: train dialogues to use; None: all disjoint ones
+
+
+@dataclass
+class HumanConfig:
+    """The blind pairwise human study (``evaluation/human.py``; paper 4.4 and Appendix E)."""
+
+    system: str | None = None  # the system under study; None: the first system
+    baselines: list[str] = _f([])  # compared with ``system``; empty: every other system
+    contexts: int = _f(100, ge=1)  # dialogue states drawn from the run's states (paper: 100)
+
+
+@dataclass
+class EvalConfig:
+    states: int | None = _f(None, ge=1)  # seeded sample of test states; None: all of them
+    temperature: float | None = _f(None, ge=0.0, le=2.0)  # answers; None: rollout.temperature
+    concurrency: int = _f(8, ge=1)  # requests in flight to a counselor server
+    answer_timeout_s: float = _f(900.0, gt=0.0)  # one counselor answer, queueing included
+    bootstrap: int = _f(1000, ge=10)  # resamples for the confidence intervals
+    ci: float = _f(0.95, gt=0.0, lt=1.0)
+    systems: list[EvalSystemConfig] = _f([])
+    table2: list[EvalRowConfig] = _f([])  # Table 2 rows in order; deltas are against the first row
+    k_sweep: list[str] = _f([])  # RAG systems of one policy with k = 2, 3, 4 (Figure 3)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    human: HumanConfig = field(default_factory=HumanConfig)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -254,6 +336,9 @@ class Config:
     sft: SftConfig = field(default_factory=SftConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     openrlhf: OpenRLHFConfig = field(default_factory=OpenRLHFConfig)
+    endpoints: dict[str, EndpointConfig] = _f({})  # named OpenAI-compatible endpoints
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 # --------------------------------------------------------------------------- loading
@@ -280,6 +365,11 @@ def _coerce(path: str, tp, value):
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
         return _build(tp, value, path)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+        _, item = typing.get_args(tp)
+        return {str(k): _coerce(f"{path}.{k}", item, v) for k, v in value.items()}
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")

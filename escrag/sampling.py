@@ -1,6 +1,6 @@
 """The sampled distribution and token log-probs: one definition for every engine and the learner.
 
-Owns: ``derive_seed``, ``sample`` (one decode step for a batch of rows) and ``token_logprobs``.
+Owns: ``sample`` (one decode step for a batch of rows) and ``token_logprobs``.
 
 Distribution of one step for a row with logits z (Table 4: T 0.9, top-p 0.95): divide by the
 temperature T; keep the ``top_k`` largest (0: all); among them keep the smallest best-first prefix
@@ -10,7 +10,7 @@ is greedy.
 Noise. Each row brings its own seed; the draw at decode step t is a Gumbel-max race whose uniform for
 token v is a counter-based hash of (seed, t, v). So a row's tokens depend only on its seed and its
 logits: not on the other rows of the batch, on their order, on which thread ran first, on continuous
-batching, or on a resumed run. A group of N samples uses N derived seeds (``derive_seed``).
+batching, or on a resumed run. A group of N samples uses N derived seeds (``escrag.seeds``).
 
 Log-probs. ``token_logprobs`` is log-softmax(z / T) at the token over the whole vocabulary (T = 0
 counts as 1), as verl, OpenRLHF and TRL compute them: the engines record it as the behaviour
@@ -20,19 +20,11 @@ sampling distribution is slightly sharper than the one the ratio assumes, as in 
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 _M32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B  # < 2**27: products of 32-bit values stay below 2**63 in int64
 _GOLDEN = 0x9E3779B1
-
-
-def derive_seed(*parts) -> int:
-    """A stable seed in [0, 2**32) from any printable parts (run seed, step, state id, sample, stage)."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest[:4], "little")
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

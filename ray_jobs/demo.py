@@ -53,7 +53,7 @@ def show_curve(cfg: Config) -> None:
 
 
 async def _answer_all(cfg: Config, states, retriever_url: str, reward_url: str) -> list[tuple[dict, dict]]:
-    from escrag.sampling import derive_seed
+    from escrag.seeds import derive_seed
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
     from rollout.engine import make_engine

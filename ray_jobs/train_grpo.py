@@ -114,7 +114,7 @@ def _checkpoint(cfg: Config, step: int, learner, sampler) -> None:
 def _step(cfg: Config, step: int, pool, learner, states: list, sampler, restarts) -> tuple[dict, list]:
     """One step of Algorithm 1: sample states, rollouts, update, push weights. Returns (metrics row,
     groups). A failure leaves the sampler where it was, so a checkpoint taken then redoes this step."""
-    from escrag.sampling import derive_seed
+    from escrag.seeds import derive_seed
     from rollout.episode import state_id
 
     before = sampler.state_dict()

@@ -146,7 +146,9 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
     final = pair_metrics(weight, bias, *x_train, rc.center_coef)
     manifest = {"backbone": rc.backbone, "backbone_fingerprint": backbone.fingerprint, "dtype": rc.dtype,
                 "max_length": rc.max_length, "max_history_turns": cfg.data.max_history_turns,
-                "pooling": "last_token", "pairs": str(pairs_path), "center_coef": rc.center_coef}
+                "pooling": "last_token", "pairs": str(pairs_path), "center_coef": rc.center_coef,
+                # the dialogues it saw (held-out pairs included): the evaluation's proxy RM avoids them
+                "dialogue_ids": sorted({p.group for p in pairs})}
     metrics = {
         "pairs_file": str(pairs_path), "n_train": len(train), "n_heldout": len(held), "epochs": epochs,
         "heldout_accuracy": epochs[-1]["heldout_accuracy"], "heldout_margin": epochs[-1]["heldout_margin"],

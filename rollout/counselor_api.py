@@ -20,8 +20,8 @@ earlier. The last chunk carries ``finish_reason`` and the ``escrag`` field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import re
 import time
 import uuid
@@ -30,8 +30,8 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from escrag.config import Config
-from escrag.errors import ServiceError, UserError
-from escrag.http_client import AsyncJsonClient
+from escrag.endpoints import ChatEndpoint
+from escrag.errors import UserError
 from rollout.counselor_protocol import ChatCompletionRequest
 from rollout.engine import SamplingParams
 from rollout.episode import answer, as_scheduler, engine_chat
@@ -44,17 +44,17 @@ class CounselorService:
     """Answers conversations with a local engine (``engine``) or a remote model (``endpoint``)."""
 
     def __init__(self, cfg: Config, classifier: RiskClassifier, retriever=None, engine=None,
-                 endpoint: AsyncJsonClient | None = None, endpoint_model: str | None = None):
+                 endpoint: ChatEndpoint | None = None):
         if (engine is None) == (endpoint is None):
             raise UserError("give a local policy or a remote endpoint, not both or neither")
         self.cfg, self.classifier, self.retriever = cfg, classifier, retriever
         self.sched = as_scheduler(engine, cfg.rollout.max_batch) if engine is not None else None
-        self.endpoint, self.endpoint_model = endpoint, endpoint_model
+        self.endpoint = endpoint
 
     def health(self) -> dict:
         version = getattr(getattr(self.sched, "engine", self.sched), "version", None)
         return {"rag": self.retriever is not None, "weights_version": version,
-                "endpoint_model": self.endpoint_model}
+                "endpoint_model": self.endpoint.cfg.model if self.endpoint else None}
 
     def check(self, history: list[dict]) -> None:
         limit = self.cfg.counselor.max_history_chars
@@ -77,33 +77,30 @@ class CounselorService:
         return ans
 
     def _chat(self, req: ChatCompletionRequest, usage: dict):
+        """The chat function for one request; ``max_tokens`` caps the final answer: stage 2 with RAG,
+        the only stage without it."""
         ro = self.cfg.rollout
         changes = {"temperature": req.temperature, "top_p": req.top_p}
-        params = {1: SamplingParams.from_config(ro, 1, **changes),
-                  2: SamplingParams.from_config(ro, 2, **changes, max_new_tokens=req.new_tokens())}
+        final = 2 if self.retriever is not None else 1
+        params = {s: SamplingParams.from_config(ro, s, **changes,
+                                                max_new_tokens=req.new_tokens() if s == final else None)
+                  for s in (1, 2)}
         if self.sched is not None:
             return engine_chat(self.sched, self.cfg, params, usage)
         return self._endpoint_chat(params, usage)
 
     def _endpoint_chat(self, params: dict[int, SamplingParams], usage: dict):
-        """A ``Chat`` over a remote OpenAI-compatible model. No ``stop`` is sent: such servers drop the
-        stop sequence from the text, which would cut ``</response>`` off the format."""
+        """A ``Chat`` over a remote OpenAI-compatible model (``escrag.endpoints``: its concurrency and
+        rate limits, retries and accounting). No ``stop`` is sent: such servers drop the stop sequence
+        from the text, which would cut ``</response>`` off the format."""
         async def chat(messages: list[dict], stage: int, seed: int | None) -> str:
             p = params[stage]
-            body = {"model": self.endpoint_model, "messages": messages, "temperature": p.temperature,
-                    "top_p": p.top_p, "max_tokens": p.max_new_tokens}
-            if seed is not None:
-                body["seed"] = seed
-            out = await self.endpoint.post("/chat/completions", body)
-            for key in ("prompt_tokens", "completion_tokens"):
-                usage[key] = usage.get(key, 0) + int((out.get("usage") or {}).get(key, 0))
-            try:
-                choice = out["choices"][0]
-                usage["finish_reason"] = choice.get("finish_reason") or "stop"
-                return choice["message"]["content"] or ""
-            except (KeyError, IndexError, TypeError):
-                raise ServiceError(f"{self.endpoint.base_url}/chat/completions answered without "
-                                   f"choices[0].message.content: {str(out)[:200]}") from None
+            result = await self.endpoint.chat(messages, temperature=p.temperature, top_p=p.top_p,
+                                              max_tokens=p.max_new_tokens, seed=seed, tag=f"stage{stage}")
+            usage["prompt_tokens"] = usage.get("prompt_tokens", 0) + result.prompt_tokens
+            usage["completion_tokens"] = usage.get("completion_tokens", 0) + result.completion_tokens
+            usage["finish_reason"] = result.raw["choices"][0].get("finish_reason") or "stop"
+            return result.text
 
         return chat
 
@@ -177,10 +174,9 @@ def load_service(args, cfg: Config) -> CounselorService:
         retriever = RetrieverClient(args.retriever, cfg.retriever)
     classifier = RiskClassifier.from_config(cfg)
     if args.endpoint:
-        key = os.environ.get(args.endpoint_key_env) if args.endpoint_key_env else None
-        client = AsyncJsonClient(args.endpoint, api_key=key, timeout=cfg.counselor.endpoint_timeout_s,
-                                 wait_s=cfg.counselor.endpoint_wait_s, backoff=cfg.counselor.endpoint_backoff_s)
-        return CounselorService(cfg, classifier, retriever, endpoint=client, endpoint_model=args.endpoint_model)
+        ecfg = dataclasses.replace(cfg.counselor.endpoint, base_url=args.endpoint, model=args.endpoint_model,
+                                   api_key_env=args.endpoint_key_env)
+        return CounselorService(cfg, classifier, retriever, endpoint=ChatEndpoint("counselor", ecfg))
     from rollout.engine import make_engine
 
     return CounselorService(cfg, classifier, retriever, engine=make_engine(cfg, model_spec=args.policy))

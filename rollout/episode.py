@@ -33,7 +33,7 @@ from escrag.config import Config
 from escrag.data import DialogueState
 from escrag.formats import parse_output, reply_text, response_text
 from escrag.records import Sample, ScoredGroup, TokenSequence
-from escrag.sampling import derive_seed
+from escrag.seeds import derive_seed
 from rollout.engine import EngineScheduler, Generation, GenerationEngine, SamplingParams
 
 Chat = Callable[[list[dict], int, "int | None"], Awaitable[str]]  # (messages, stage, seed) -> output

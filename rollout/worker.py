@@ -20,7 +20,7 @@ from escrag.config import Config
 from escrag.data import DialogueState
 from escrag.errors import UserError
 from escrag.records import ScoredGroup
-from escrag.sampling import derive_seed
+from escrag.seeds import derive_seed
 from retriever_server.client import RetrieverClient
 from reward_server.client import RewardClient
 

@@ -2,7 +2,9 @@
 process (tiny random policy, a real retriever process over a 40-chunk ESConv index): non-streaming and
 SSE streaming give the same seeded reply, the ``escrag`` field carries think/initial/exemplars/risk, a
 high-risk conversation gets ``risk: high`` with reasons and a crisis notice, bad requests get a 422
-with a detail, ``--no-rag`` without a retriever is a clear CLI error; hostile input (lone surrogates, a multi-megabyte message, a chunked body past the limit) gets a 4xx
+with a detail, ``--no-rag`` without a retriever is a clear CLI error; ``--endpoint`` mode runs the same
+two-stage path over a remote OpenAI-compatible model (the scripted double of tests/openai_double.py);
+hostile input (lone surrogates, a multi-megabyte message, a chunked body past the limit) gets a 4xx
 at once from all three kinds of server; ``rollout.episode.answer`` runs in-process on the same retriever.
 Run: .venv/bin/python -m pytest -q tests/test_counselor.py"""
 
@@ -114,6 +116,34 @@ def test_answer_in_process(urls, tiny_model):
     assert again["output"] == ans["output"]  # seeded
     one = asyncio.run(answer(state.history, chat, None, cfg, rag=False, seed=3))
     assert one["exemplars"] == [] and one["initial"] == "" and one["output"] == ans["initial_output"]
+
+
+def test_endpoint_mode_runs_the_two_stage_path_over_a_remote_model(urls, tmp_path):
+    """A remote OpenAI-compatible model (the scripted double) behind ``--endpoint``: stage 1 answers
+    the client, stage 2 sees ĉ as its own turn and the exemplars, and the reply is stage 2's."""
+    from openai_double import OpenAIDouble, Reply
+
+    with OpenAIDouble() as llm:
+        llm.on("stage2", r"## Exemplars", default=Reply(content="<think>use them</think><response>Final.</response>"),
+               match="last")
+        llm.on("stage1", r"everyone else passed", default=Reply(content="<think>t</think><response>Draft.</response>"),
+               match="last")
+        server = ServerProcess("endpoint", ["counselor", "--endpoint", llm.base_url, "--endpoint-model", "gpt-x",
+                                            "--retriever", urls["retriever"], "--config", "configs/cpu-test.yaml",
+                                            *ARGS], tmp_path)
+        try:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+            resp = client.chat.completions.create(model="gpt-x", messages=MESSAGES, seed=5)
+        finally:
+            server.stop()
+        assert resp.choices[0].message.content == "Final."
+        extra = resp.model_extra["escrag"]
+        assert extra["initial"] == "Draft." and len(extra["exemplars"]) == 2 and extra["format_ok"]
+        assert llm.calls["stage1"] == 1 and llm.calls["stage2"] == 1
+        second = [c for c in llm.requests if c.key == "stage2"][0].body
+        assert second["model"] == "gpt-x" and "seed" in second and "stop" not in second
+        assert second["messages"][-2] == {"role": "assistant", "content": "<think>t</think><response>Draft.</response>"}
+        assert extra["exemplars"][0]["response"] in second["messages"][-1]["content"]
 
 
 SURROGATE = b'"I feel \\ud83d alone"'  # a lone high surrogate, escaped as JSON allows

@@ -3,8 +3,9 @@
 - the core (``escrag/``) imports no other package of the project (the CLI names handlers by string);
 - the reward and retriever services import only the core and themselves;
 - rollout imports the core, itself and only the ``client``/``protocol`` modules of the two services;
-- trainer imports the core, itself and rollout; evaluation imports the core, itself, rollout and the
-  services' clients and protocols; ray_jobs may import anything;
+- trainer imports the core, itself and rollout; evaluation (an orchestration layer, like the jobs)
+  imports the core, itself, rollout and the services' public modules, never the trainer or the jobs;
+  ray_jobs may import anything;
 - no module imports another package's private (``_name``) names;
 - package ``__init__`` files import nothing heavy (torch, transformers, faiss, vllm, openrlhf, ray).
 
@@ -25,7 +26,7 @@ ALLOWED = {  # package -> (other packages it may import, or specific modules)
     "retriever_server": set(),
     "rollout": SERVICE_API,
     "trainer": {"rollout"},
-    "evaluation": {"rollout"} | SERVICE_API,
+    "evaluation": {"rollout", "retriever_server", "reward_server"},
     "ray_jobs": set(PACKAGES),
 }
 HEAVY = {"torch", "transformers", "faiss", "vllm", "openrlhf", "ray", "deepspeed", "peft", "sentence_transformers"}

@@ -23,7 +23,7 @@ pytest.importorskip("openrlhf.utils.agent", reason="make install adds the no-dep
 
 from escrag.config import ConfigError, load_config  # noqa: E402
 from escrag.data import load_states  # noqa: E402
-from escrag.sampling import derive_seed  # noqa: E402
+from escrag.seeds import derive_seed  # noqa: E402
 from escrag.servers import ServerProcess  # noqa: E402
 from retriever_server.client import RetrieverClient  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
