@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from escrag.errors import ServiceError
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -62,14 +64,14 @@ class ServerProcess:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}; "
+                raise ServiceError(f"{self.name} server exited with {self.proc.returncode}; "
                                    f"log {self.log}:\n{self.log.read_text()[-3000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
             time.sleep(0.3)
         self.stop()
-        raise RuntimeError(f"{self.name} server not healthy after {timeout:.0f} s; log {self.log}:\n"
+        raise ServiceError(f"{self.name} server not healthy after {timeout:.0f} s; log {self.log}:\n"
                            f"{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:

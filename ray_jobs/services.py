@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from escrag.config import run_paths
-from escrag.errors import UserError
+from escrag.errors import ServiceError, UserError
 from escrag.servers import ServerProcess
 
 
@@ -94,7 +94,7 @@ class JobServices:
                     server.restart(self.cfg.run.server_timeout_s)
                     self.log(f"[job] {name} server back at {server.url} (pid {server.proc.pid}, "
                              f"restart {server.restarts})")
-                except RuntimeError as exc:  # the next poll tries again; clients keep retrying
+                except ServiceError as exc:  # the next poll tries again; clients keep retrying
                     self.log(f"[job] {name} server restart failed: {str(exc).splitlines()[0]}")
 
     def __exit__(self, *exc) -> None:
