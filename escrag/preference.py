@@ -334,13 +334,15 @@ async def settle(*aws):
 class Drop(Exception):
     """The state gives no pair: ``reason`` (a summary key) and a detail."""
 
-    def __init__(self, reason: str, detail: str = "", **extra):
+    def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail, self.extra = reason, detail, extra
+        self.reason, self.detail = reason, detail
 
 
 @dataclass
 class Work:
+    """One state in the build and what its answers looked like (counted once it finishes)."""
+
     state: DialogueState
     sid: str
     malformed: Counter = field(default_factory=Counter)  # answers that could not be used, by step
@@ -368,8 +370,7 @@ class Builder:
         high, low = await self.reason(w, history)
         if high == low:
             raise Drop("same_trajectory", "one valid candidate at every stage: nothing to contrast")
-        replies = await settle(self.respond(w, history, high, "high"),
-                                       self.respond(w, history, low, "low"))
+        replies = await settle(self.respond(w, history, high, "high"), self.respond(w, history, low, "low"))
         if replies[0] == replies[1]:
             raise Drop("identical_responses", "both trajectories gave the same reply")
         scores = await settle(*(self.evaluate(w, history, r, b) for r, b in zip(replies, ("high", "low"))))
@@ -411,10 +412,9 @@ class Builder:
                 cands = await self.propose(w, step, history, high)
                 best, worst = await self.select(w, step, history, high, cands, "both")
             else:
-                ch, cl = await settle(self.propose(w, step, history, high),
-                                              self.propose(w, step, history, low))
+                ch, cl = await settle(self.propose(w, step, history, high), self.propose(w, step, history, low))
                 (best, _), (_, worst) = await settle(self.select(w, step, history, high, ch, "high"),
-                                                             self.select(w, step, history, low, cl, "low"))
+                                                     self.select(w, step, history, low, cl, "low"))
             high, low = [*high, best], [*low, worst]
         return high, low
 
@@ -612,9 +612,7 @@ class Assembler:
     """Turns a state's outcome into a pair or a reject record (the dominance filter decides)."""
 
     def __init__(self, cfg: Config, prompts: PromptSet, judge_template: str):
-        self.cfg = cfg
-        model = {n: cfg.endpoints[n].model for n in role_names(cfg).values()}
-        self.model = model
+        self.model = model = {n: cfg.endpoints[n].model for n in role_names(cfg).values()}
         pc = cfg.prefs
         self.models = {"candidates": {n: model[n] for n in pc.candidates}, "generator": model[pc.generator],
                        "evaluator": model[pc.evaluator], "client": model.get(pc.client)}
