@@ -3,8 +3,9 @@
 Checks: ``dominates`` (ties, strictness, the three-metric rule, missing / unknown / out-of-range metrics
 raise); the typed stage records and the evaluator's ratings parse strictly; config and split checks
 refuse a build before any call; a 20-state build (two simulated client turns, three candidates) whose
-scripted answers include malformed JSON (one candidate, all candidates, the stage evaluator once and
-for good, the judge for good, an empty client turn), 429 with Retry-After, 500 and a timeout keeps
+scripted answers include malformed JSON (one candidate, all candidates, all but one at every stage,
+the stage evaluator once and for good, the judge for good, an empty client turn), 429 with
+Retry-After, 500 and a timeout keeps
 exactly the states whose scripted judge scores dominate (the low trajectory's reply where it is the
 dominant one) and drops the others with the scripted reason, counting every malformed answer; a
 rerun makes no call; a build stopped by its budget (exit 3, one line, outputs kept) and resumed makes
@@ -196,6 +197,8 @@ class Script:
                 return '{"stage": "exploration", "rationale": '  # cut off: malformed JSON
             if self.special.get(i) == "bad_all_state" and step == "state":
                 return "The client seems sad and tired."
+            if self.special.get(i) == "only_a" and model != "cand-a":
+                return "I would rather not answer in JSON."
             return json.dumps({"stage": {"stage": "exploration", "rationale": f"{model} sees an open problem."},
                                "state": {"distress": 7, "resilience": 4, "motivation": 5,
                                          "summary": f"{model} sees a tired client."},
@@ -255,7 +258,7 @@ def judge_scores(i: int) -> dict:
 
 
 SPECIAL = {0: "bad_b_stage", 1: "select_once", 11: "bad_all_state", 12: "bad_select", 15: "bad_judge",
-           16: "empty_client"}
+           16: "empty_client", 17: "only_a"}
 ERRORS = {  # rule key -> (pattern, queue, default answer): 429, 500 and a timeout, once each
     "judge-429": (all_of(TASKS["judge"], r"\(s05\)", r"\[high\]"), [Reply.error(429, retry_after=0.2)], "judge"),
     "response-500": (all_of(TASKS["response"], r"\(s06\)", "cand-c"), [Reply.error(500)], "response"),
@@ -263,7 +266,7 @@ ERRORS = {  # rule key -> (pattern, queue, default answer): 429, 500 and a timeo
 }
 KEPT = {0: "high", 1: "low", 5: "high", 6: "low", 10: "high"}
 DROPPED = {11: "malformed_state", 12: "malformed_select", 15: "malformed_judge", 16: "malformed_client",
-           **{i: "not_dominant" for i in (2, 3, 4, 7, 8, 9, 13, 14, 17, 18, 19)}}
+           17: "same_trajectory", **{i: "not_dominant" for i in (2, 3, 4, 7, 8, 9, 13, 14, 18, 19)}}
 
 
 def write_config(tmp_path, url, states, name="prefs.yaml", **prefs) -> Path:
@@ -293,7 +296,7 @@ def built(tmp_path_factory, states20):
     pattern, _, answer = errors["judge-slow"]
     errors["judge-slow"] = (pattern, [Reply(content=script.judge, delay_s=1.6)], answer)
     with script.install(OpenAIDouble(), errors) as llm:
-        config = write_config(tmp, llm.base_url, states20)
+        config = write_config(tmp, llm.base_url, states20, json_mode=True)
         first = escrag("prefs", "build", "--config", str(config))
         counts = dict(llm.calls)
         llm.reset()
@@ -344,10 +347,11 @@ def test_build_drops_the_others_with_their_reason(built):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["states"] == {"selected": 20, "kept": 5, "dropped": 15, "failed": 0, "pending": 0}
     assert summary["dropped"] == {"malformed_client": 1, "malformed_judge": 1, "malformed_select": 1,
-                                  "malformed_state": 1, "not_dominant": 11}
+                                  "malformed_state": 1, "not_dominant": 10, "same_trajectory": 1}
     # s00: one candidate's stage answer; s11: three state answers on each path; s12 and s15: for good
-    # after the repair call; s16: the client
-    assert summary["malformed_answers"] == {"client": 1, "judge": 1, "select": 1, "stage": 1, "state": 6}
+    # after the repair call; s16: the client; s17: two candidates at each stage (one path: no contrast)
+    assert summary["malformed_answers"] == {"client": 1, "judge": 1, "select": 1, "stage": 3, "state": 8,
+                                            "strategy": 2}
     assert summary["repaired_answers"] == {"select": 1}
     assert summary["chosen_trajectory"] == {"high": 3, "low": 2}
     kept = [judge_scores(i) for i in KEPT]
@@ -367,10 +371,15 @@ def test_incidents_were_met_and_retried(built):
     statuses = [a.get("status") for c in calls for a in c["attempts"]]
     assert statuses.count(429) == 1 and statuses.count(500) == 1 and statuses.count(None) == 1  # the timeout
     assert not [c for c in calls if "error" in c]  # every call answered in the end
-    # a state without incident makes exactly the calls of the pipeline
+    # a state without incident makes exactly the calls of the pipeline; JSON steps ask for JSON, with a seed
     quiet = [c for c in calls if c["tag"].startswith(state_id(built["states"][2]) + "|")]
     kinds = [c["tag"].split("|")[1].split(":")[0] for c in quiet]
     assert {k: kinds.count(k) for k in PER_STATE} == PER_STATE
+    for c, kind in zip(quiet, kinds):
+        assert ("response_format" in c["request"]) == (kind in ("stage", "state", "strategy", "select"))
+        assert ("seed" in c["request"]) == (kind not in ("select", "judge"))
+    # s17: one valid candidate per step, so nothing to rate: no selection call
+    assert not [c for c in calls if c["tag"].startswith(state_id(built["states"][17]) + "|select")]
 
 
 def test_rerun_makes_no_call(built):
