@@ -67,6 +67,10 @@ def _prefs(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-pairs", type=int, default=None)
     p.set_defaults(func=_lazy("escrag.pairs:bootstrap_main"))
+    p = prefs.add_parser("build", help="ESC-Preference: simulated client, three-stage counselor reasoning, "
+                         "judge, dominance filter (docs/preference.md)")
+    _config_args(p)
+    p.set_defaults(func=_lazy("escrag.preference:build_main"))
 
 
 def _rm(sub) -> None:

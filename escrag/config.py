@@ -324,6 +324,35 @@ class EvalConfig:
 
 
 @dataclass
+class PrefsConfig:
+    """ESC-Preference construction (``escrag prefs build``, ``escrag/preference.py``; paper 3.2, App. A).
+
+    Roles name endpoints in ``endpoints``; the evaluator scores with the ``judge`` section's template,
+    temperature, max_tokens and json_mode (intermediate selection and the seven-metric evaluation)."""
+
+    candidates: list[str] = _f([])  # three-stage reasoners (paper: GPT-4o, Gemini-2.5-Pro, DeepSeek-V3)
+    generator: str | None = None  # paired response generator (paper: GPT-4o)
+    evaluator: str | None = None  # stage selection and seven-metric scores (paper: GPT-5-chat)
+    client: str | None = None  # client simulator; needed when simulate_turns > 0
+    templates: str = "prefs_v1"  # escrag/templates/<templates>/: the prompt set, recorded in every pair
+    states: int | None = _f(20, ge=1)  # seeded sample of data.train states; None: all of them
+    state_ids: list[str] = _f([])  # build exactly these "<dialogue_id>/<turn_index>" states instead
+    min_history_turns: int = _f(3, ge=1)  # skip states with a shorter history (greetings)
+    max_history_turns: int | None = _f(None, ge=1)  # turns of history in the prompts; None: all
+    simulate_turns: int = _f(0, ge=0)  # client turns simulated after each state (0: ESConv history as is)
+    concurrency: int = _f(8, ge=1)  # states in flight
+    temperature: float = _f(0.7, ge=0.0, le=2.0)  # candidates, generator and client simulator
+    reasoning_max_tokens: int = _f(300, ge=16)  # one counselor stage answer
+    select_max_tokens: int = _f(100, ge=16)  # one stage-selection answer
+    response_max_tokens: int = _f(200, ge=16)  # one counselor reply (paired responses, simulation)
+    client_max_tokens: int = _f(60, ge=8)  # one simulated client turn
+    client_max_words: int = _f(60, ge=1)  # a longer client turn counts as malformed
+    json_mode: bool = False  # send response_format={"type": "json_object"} to the JSON-answering stages
+    budget_usd: float | None = _f(None, gt=0.0)  # stop cleanly before the build's cost would pass it
+    output_dir: str | None = None  # None: <run.output_dir>/esc_preference
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -339,6 +368,7 @@ class Config:
     endpoints: dict[str, EndpointConfig] = _f({})  # named OpenAI-compatible endpoints
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    prefs: PrefsConfig = field(default_factory=PrefsConfig)
 
 
 # --------------------------------------------------------------------------- loading

@@ -59,10 +59,7 @@ class JudgeTemplate:
             known = sorted(p.stem for p in TEMPLATE_DIR.glob("*.txt"))
             raise ConfigError(f"judge.template: no template {name!r} (known: {', '.join(known)})")
         raw = path.read_bytes()
-        parts = re.split(r"^### (\w+)\n", raw.decode("utf-8"), flags=re.MULTILINE)
-        sections = {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
-        if set(sections) != set(SECTIONS):
-            raise ConfigError(f"{path}: needs exactly the sections {', '.join(SECTIONS)}")
+        sections = read_sections(path, SECTIONS)
         return cls(name, hashlib.sha256(raw).hexdigest(), sections["system"], sections["user"],
                    sections["repair"])
 
@@ -74,8 +71,18 @@ class JudgeTemplate:
         return {"role": "user", "content": Template(self.repair).substitute(error=error)}
 
 
-def parse_scores(text: str) -> tuple[dict[str, int] | None, str]:
-    """(scores, "") for a valid answer, else (None, the reason)."""
+def read_sections(path: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """A template file's ``### name`` sections (stripped); it must hold exactly ``names``."""
+    parts = re.split(r"^### (\w+)\n", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    sections = {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+    if set(sections) != set(names):
+        raise ConfigError(f"{path}: needs exactly the sections {', '.join(names)}")
+    return sections
+
+
+def parse_json_object(text: str) -> tuple[dict | None, str]:
+    """(object, "") when ``text`` is one JSON object (a single surrounding Markdown code fence is
+    tolerated), else (None, the reason)."""
     body = text.strip()
     fenced = _FENCE.match(body)
     if fenced:
@@ -86,6 +93,14 @@ def parse_scores(text: str) -> tuple[dict[str, int] | None, str]:
         return None, f"not a JSON object ({exc.msg} at line {exc.lineno} column {exc.colno})"
     if not isinstance(obj, dict):
         return None, f"expected a JSON object, got {type(obj).__name__}"
+    return obj, ""
+
+
+def parse_scores(text: str) -> tuple[dict[str, int] | None, str]:
+    """(scores, "") for a valid answer, else (None, the reason)."""
+    obj, error = parse_json_object(text)
+    if obj is None:
+        return None, error
     missing = [k for k in METRICS if k not in obj]
     extra = sorted(set(obj) - set(METRICS))
     if missing or extra:

@@ -157,6 +157,27 @@ def load_pairs(path: str | Path) -> list[PreferencePair]:
     return pairs
 
 
+def in_split(pair: PreferencePair, split: str) -> bool:
+    """Whether a pair's source state lies in ``split`` (a split name or ESConv path): its provenance
+    names the split (``split``), or its dialogue id carries the split's prefix (``test-12``)."""
+    prov = pair.provenance
+    stem = split if split in SPLITS else Path(split).stem
+    named = prov.get("split")
+    return (named is not None and str(named) in (split, stem)) or \
+        str(prov.get("dialogue_id", "")).startswith(f"{stem}-")
+
+
+def refuse_split(pairs: list[PreferencePair], split: str, user: str) -> None:
+    """Raise ``DataError`` naming the first pair whose source state is in ``split`` (the test split):
+    held-out states never fit the reward model or enter the retrieval corpus (``user`` says which)."""
+    for pair in pairs:
+        if in_split(pair, split):
+            prov = pair.provenance
+            raise DataError(f"pair {pair.id!r} comes from the test split {split!r} (dialogue "
+                            f"{prov.get('dialogue_id')!r}, split {prov.get('split')!r}); {user} only takes "
+                            "pairs from training dialogues: remove it from the file")
+
+
 def write_pairs(pairs: list[PreferencePair], path: str | Path) -> Path:
     """Write pairs as JSONL atomically (temp file in the same folder, then rename)."""
     with atomic_file(path) as fh:

@@ -37,12 +37,12 @@ from collections import Counter
 from pathlib import Path
 
 from escrag.atomic import atomic_file, write_json, write_text
+from escrag.cache import content_key
 from escrag.config import load_config
 from escrag.data import read_jsonl
 from escrag.errors import UserError
 from escrag.pairs import METRIC_NAMES
 from escrag.prompts import transcript
-from evaluation.cache import content_key
 from evaluation.states import read_states
 
 CHOICES = ("A", "B", "tie")

@@ -30,9 +30,9 @@ import re
 from pathlib import Path
 
 from escrag.atomic import write_json, write_text
+from escrag.cache import JsonlCache, content_key
 from escrag.config import Config, ConfigError
 from escrag.errors import UserError
-from evaluation.cache import JsonlCache, content_key
 from evaluation.tables import bootstrap_ci
 
 LABEL = "Offline proxy, not the paper's judge"

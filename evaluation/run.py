@@ -31,13 +31,13 @@ import yaml
 from tqdm import tqdm
 
 from escrag.atomic import atomic_file, write_json
+from escrag.cache import JsonlCache
 from escrag.config import Config, load_config, to_dict
 from escrag.endpoints import CallLog, ChatEndpoint, EndpointError
 from escrag.errors import UserError
 from escrag.judge import Judge
 from escrag.seeds import derive_seed
 from evaluation import systems as sysmod
-from evaluation.cache import JsonlCache
 from evaluation.states import sample_states, state_id, write_states
 
 

@@ -25,11 +25,11 @@ import dataclasses
 import os
 from pathlib import Path
 
+from escrag.cache import content_key
 from escrag.config import Config, ConfigError, EndpointConfig, EvalSystemConfig, from_dict, to_dict
 from escrag.endpoints import CallLog, ChatEndpoint, ChatResult
 from escrag.errors import ServiceError
 from escrag.servers import ServerProcess
-from evaluation.cache import content_key
 
 # ----------------------------------------------------------------------------- config checks
 

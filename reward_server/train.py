@@ -34,7 +34,7 @@ from tqdm import tqdm
 from escrag.atomic import write_json
 from escrag.config import load_config
 from escrag.errors import UserError
-from escrag.pairs import PreferencePair, load_pairs
+from escrag.pairs import PreferencePair, load_pairs, refuse_split
 
 
 def rm_loss(r_pos, r_neg, center_coef: float):
@@ -132,6 +132,7 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
 
     rc, seed = cfg.reward, cfg.run.seed
     pairs = load_pairs(pairs_path)
+    refuse_split(pairs, cfg.data.test, f"the reward-model trainer ({pairs_path})")
     if rc.max_pairs and len(pairs) > rc.max_pairs:
         pairs = random.Random(seed).sample(pairs, rc.max_pairs)
     train, held = split_pairs(pairs, rc.heldout_fraction, seed)
