@@ -521,10 +521,6 @@ def parse_ratings(text: str, labels: list[str]) -> tuple[dict | None, str]:
 # --------------------------------------------------------------------------- the build
 
 
-def state_id(s: DialogueState) -> str:
-    return f"{s.dialogue_id}/{s.turn_index}"
-
-
 def role_names(cfg: Config) -> dict[str, str]:
     """{config key: endpoint name} of every role in use."""
     pc = cfg.prefs
@@ -563,7 +559,7 @@ def select_states(cfg: Config) -> list[DialogueState]:
     pc = cfg.prefs
     states = load_states(cfg.data.train)
     if pc.state_ids:
-        by_id = {state_id(s): s for s in states}
+        by_id = {s.state_id: s for s in states}
         missing = [i for i in pc.state_ids if i not in by_id]
         if missing:
             raise ConfigError(f"prefs.state_ids: no state {missing[0]!r} in data.train ({cfg.data.train})")
@@ -695,7 +691,7 @@ def build(cfg: Config) -> dict:
     """The whole build for ``cfg``; returns the summary (also ``summary.json``)."""
     check_config(cfg)
     prompts = PromptSet.load(cfg.prefs.templates)
-    works = [Work(s, state_id(s)) for s in select_states(cfg)]
+    works = [Work(s, s.state_id) for s in select_states(cfg)]
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     ledger, log = Ledger(out / "records.jsonl", cfg.prefs.budget_usd), CallLog(out / "calls.jsonl")

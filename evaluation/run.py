@@ -38,7 +38,7 @@ from escrag.errors import UserError
 from escrag.judge import Judge
 from escrag.seeds import derive_seed
 from evaluation import systems as sysmod
-from evaluation.states import sample_states, state_id, write_states
+from evaluation.states import sample_states, write_states
 
 
 class Progress:
@@ -79,7 +79,7 @@ def generate(cfg: Config, systems: dict, states: list, services: sysmod.Services
         ident = sysmod.identity(cfg, system)
         todo = []
         for s in states:
-            sid = state_id(s)
+            sid = s.state_id
             seed = derive_seed(cfg.run.seed, sid)
             key = sysmod.answer_key(ident, sid, seed)
             if key not in cache:
@@ -101,7 +101,7 @@ def collect(cfg: Config, systems: dict, states: list, cache: JsonlCache) -> list
     out = []
     idents = {name: sysmod.identity(cfg, s) for name, s in systems.items()}
     for s in states:
-        sid = state_id(s)
+        sid = s.state_id
         seed = derive_seed(cfg.run.seed, sid)
         for name, system in systems.items():
             key = sysmod.answer_key(idents[name], sid, seed)
@@ -206,7 +206,7 @@ def run_eval(cfg: Config, log_fn=print) -> dict:
     try:
         failures = generate(cfg, systems, states, services, answers, log)
         records = collect(cfg, systems, states, answers)
-        histories = {state_id(s): s.history for s in states}
+        histories = {s.state_id: s.history for s in states}
         files, summary = [], {"states": len(states), "systems": list(systems), "run_dir": str(run_dir)}
         if cfg.judge.endpoint:
             judgments = JsonlCache(run_dir / "cache" / "judgments.jsonl")

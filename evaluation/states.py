@@ -16,7 +16,6 @@ from pathlib import Path
 from escrag.atomic import atomic_file
 from escrag.config import Config, ConfigError
 from escrag.data import DialogueState, load_states
-from rollout.episode import state_id
 
 REFUSED = ("train", "valid")
 
@@ -36,7 +35,7 @@ def sample_states(cfg: Config) -> list[DialogueState]:
 def write_states(states: list[DialogueState], path: str | Path) -> None:
     with atomic_file(path) as fh:
         for s in states:
-            fh.write(json.dumps({"state_id": state_id(s), "dialogue_id": s.dialogue_id,
+            fh.write(json.dumps({"state_id": s.state_id, "dialogue_id": s.dialogue_id,
                                  "turn_index": s.turn_index, "history": s.history, "target": s.target},
                                 ensure_ascii=False) + "\n")
 

@@ -57,13 +57,13 @@ async def _answer_all(cfg: Config, states, retriever_url: str, reward_url: str) 
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
     from rollout.engine import make_engine
-    from rollout.episode import answer, engine_chat, state_id
+    from rollout.episode import answer, engine_chat
 
     chat = engine_chat(make_engine(cfg, model_spec=str(run_paths(cfg).grpo / "policy")), cfg)  # shared batches
     retriever, reward = RetrieverClient(retriever_url, cfg.retriever), RewardClient(reward_url, cfg.reward)
     try:
         answers = await asyncio.gather(*(answer(s.history, chat, retriever, cfg,
-                                                seed=derive_seed(cfg.run.seed, "demo", state_id(s)))
+                                                seed=derive_seed(cfg.run.seed, "demo", s.state_id))
                                          for s in states))
         scores = await reward.score([{"history": s.history, "output": a["output"]} for s, a in zip(states, answers)])
     finally:

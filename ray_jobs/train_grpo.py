@@ -115,13 +115,12 @@ def _step(cfg: Config, step: int, pool, learner, states: list, sampler, restarts
     """One step of Algorithm 1: sample states, rollouts, update, push weights. Returns (metrics row,
     groups). A failure leaves the sampler where it was, so a checkpoint taken then redoes this step."""
     from escrag.seeds import derive_seed
-    from rollout.episode import state_id
 
     before = sampler.state_dict()
     batch = [states[i] for i in sampler.next_batch()]
     t0 = time.perf_counter()
     try:
-        groups = pool.generate(batch, [derive_seed(cfg.run.seed, "grpo", step, state_id(s)) for s in batch])
+        groups = pool.generate(batch, [derive_seed(cfg.run.seed, "grpo", step, s.state_id) for s in batch])
     except BaseException:
         sampler.load_state_dict(before)
         raise

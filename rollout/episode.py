@@ -40,10 +40,6 @@ Chat = Callable[[list[dict], int, "int | None"], Awaitable[str]]  # (messages, s
 _ACTION = "\u2063ESCRAG-ACTION\u2063"  # stands for ĉ while the chat template renders the feedback turn
 
 
-def state_id(state: DialogueState) -> str:
-    return f"{state.dialogue_id}/{state.turn_index}"
-
-
 # ------------------------------------------------------------------ message level
 
 
@@ -188,7 +184,7 @@ async def run_group(state: DialogueState, engine, retriever, reward, cfg: Config
     stats.update(total_s=time.perf_counter() - t0, prompt1_tokens=len(p1),
                  stage1_tokens=sum(len(g.token_ids) for g in gens1),
                  stage2_tokens=sum(len(g.token_ids) for g in finals) if ro.rag else 0)
-    return ScoredGroup(state_id(state), samples, version, stats)
+    return ScoredGroup(state.state_id, samples, version, stats)
 
 
 async def _stage2(state, sched, retriever, cfg: Config, msgs1: list[dict], p1: list[int],
@@ -216,6 +212,6 @@ async def run_groups(states: list[DialogueState], engine, retriever, reward, cfg
     """All states' groups concurrently on one engine (pipelined: while one group waits on HTTP the
     engine generates for another), in input order; ``seeds`` gives each group its seed."""
     sched = as_scheduler(engine, cfg.rollout.max_batch)
-    seeds = seeds or [derive_seed(cfg.run.seed, version, state_id(s)) for s in states]
+    seeds = seeds or [derive_seed(cfg.run.seed, version, s.state_id) for s in states]
     return list(await asyncio.gather(*(run_group(s, sched, retriever, reward, cfg, version, seed)
                                        for s, seed in zip(states, seeds))))

@@ -68,7 +68,7 @@ def stage1_prompt(tokenizer, history: list[dict], cfg: Config) -> str:
 def episode_label(state, cfg: Config, retriever_url: str | None, reward_url: str) -> str:
     """The dataset row's label: the state and what the agent needs of the run, as one JSON string."""
     sections = to_dict(cfg)
-    return json.dumps({"state_id": episode.state_id(state), "dialogue_id": state.dialogue_id,
+    return json.dumps({"state_id": state.state_id, "dialogue_id": state.dialogue_id,
                        "history": state.history, "retriever_url": retriever_url, "reward_url": reward_url,
                        "config": {s: sections[s] for s in _LABEL_SECTIONS}})
 

@@ -21,7 +21,7 @@ from openai_double import OpenAIDouble, Reply
 
 from escrag.config import load_config
 from escrag.pairs import METRICS
-from evaluation.states import sample_states, state_id
+from evaluation.states import sample_states
 
 SPECIAL = ("repair_once", "rate_limited", "server_error", "too_slow", "malformed")
 
@@ -69,8 +69,8 @@ def script(llm: OpenAIDouble, states) -> dict:
         queue = {"repair_once": [Reply("Scores: EI=8, NE=7")], "rate_limited": [Reply.error(429, retry_after=0.3)],
                  "server_error": [Reply.error(500)], "too_slow": [Reply.json(table_scores(i), delay_s=1.6)]}
         default = Reply('{"EI": 9}') if kind == "malformed" else good
-        llm.on(state_id(s), tail + r"\n</conversation>", queue.get(kind, []), default=default)
-        kinds[state_id(s)] = (i, kind)
+        llm.on(s.state_id, tail + r"\n</conversation>", queue.get(kind, []), default=default)
+        kinds[s.state_id] = (i, kind)
     return kinds
 
 
@@ -103,7 +103,7 @@ def test_full_evaluation_two_smollm2_systems(tmp_path, index):
             assert llm.calls[sid] == want, (sid, kind, dict(llm.calls))
         summary = json.loads((run / "summary.json").read_text())
         j = summary["judge"]
-        assert (j["repaired"], j["failed"]) == (1, 0) and j["malformed"] == distinct[state_id(states[4])]
+        assert (j["repaired"], j["failed"]) == (1, 0) and j["malformed"] == distinct[states[4].state_id]
         calls = summary["calls"]["judge:judge"]
         assert calls["attempts"] == llm.total and calls["calls"] == llm.total - 3  # 429, 500, timeout retried
         assert summary["cost_this_run"] > 0 and "calls=" in res.stderr and "cost=$" in res.stderr

@@ -238,7 +238,7 @@ def test_label_round_trips_through_openrlhfs_prompt_dataset(engine, servers, tmp
         ids = engine.tokenizer(prompt, add_special_tokens=False).input_ids
         assert ids == episode.prompt_ids(engine.tokenizer, episode.stage1_messages(state.history, cfg))
         lab = json.loads(label)
-        assert (lab["state_id"], lab["dialogue_id"], lab["history"]) == (episode.state_id(state), state.dialogue_id,
+        assert (lab["state_id"], lab["dialogue_id"], lab["history"]) == (state.state_id, state.dialogue_id,
                                                                        state.history)
         assert lab["reward_url"] == servers["reward"] and lab["config"]["retriever"]["k"] == 2
     with pytest.raises(ConfigError, match="openrlhf.max_len"):

@@ -36,7 +36,6 @@ from escrag.preference import (
     parse_ratings,
     parse_record,
     select_states,
-    state_id,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,10 +144,10 @@ def test_bad_builds_are_refused_before_any_call(tmp_path, change, message):
 def test_state_sample_is_seeded_train_only_and_skips_short_histories(tmp_path):
     cfg = from_dict(base_config(tmp_path, states=30, min_history_turns=5))
     a, b = select_states(cfg), select_states(cfg)
-    assert [state_id(s) for s in a] == [state_id(s) for s in b] and len(a) == 30
+    assert [s.state_id for s in a] == [s.state_id for s in b] and len(a) == 30
     assert all(s.dialogue_id.startswith("train-") and len(s.history) >= 5 for s in a)
     other = select_states(from_dict(base_config(tmp_path, states=30, min_history_turns=5), ["run.seed=1"]))
-    assert [state_id(s) for s in other] != [state_id(s) for s in a]
+    assert [s.state_id for s in other] != [s.state_id for s in a]
 
 
 # ----------------------------------------------------------------------------- the scripted double
@@ -270,7 +269,7 @@ DROPPED = {11: "malformed_state", 12: "malformed_select", 15: "malformed_judge",
 
 
 def write_config(tmp_path, url, states, name="prefs.yaml", **prefs) -> Path:
-    data = base_config(tmp_path, url, state_ids=[state_id(s) for s in states], **prefs)
+    data = base_config(tmp_path, url, state_ids=[s.state_id for s in states], **prefs)
     path = tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data))
@@ -311,9 +310,9 @@ def test_build_keeps_exactly_the_dominant_pairs(built):
     out, states = built["out"], built["states"]
     pairs = load_pairs(out / "pairs.jsonl")
     by_state = {p.provenance["state_id"]: p for p in pairs}
-    assert set(by_state) == {state_id(states[i]) for i in KEPT}
+    assert set(by_state) == {states[i].state_id for i in KEPT}
     for i, branch in KEPT.items():
-        p = by_state[state_id(states[i])]
+        p = by_state[states[i].state_id]
         other = "low" if branch == "high" else "high"
         assert p.provenance["chosen_trajectory"] == branch
         assert p.chosen.endswith(f"[{branch}].") and p.rejected.endswith(f"[{other}].")
@@ -341,8 +340,8 @@ def test_build_keeps_exactly_the_dominant_pairs(built):
 def test_build_drops_the_others_with_their_reason(built):
     out, states = built["out"], built["states"]
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
-    assert {r["state_id"]: r["reason"] for r in rejects} == {state_id(states[i]): why for i, why in DROPPED.items()}
-    nd = next(r for r in rejects if r["state_id"] == state_id(states[3]))
+    assert {r["state_id"]: r["reason"] for r in rejects} == {states[i].state_id: why for i, why in DROPPED.items()}
+    nd = next(r for r in rejects if r["state_id"] == states[3].state_id)
     assert nd["detail"] == "high path better on 5, worse on 1, equal on 1" and nd["scores"]["high"]["SF"] == 3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["states"] == {"selected": 20, "kept": 5, "dropped": 15, "failed": 0, "pending": 0}
@@ -372,14 +371,14 @@ def test_incidents_were_met_and_retried(built):
     assert statuses.count(429) == 1 and statuses.count(500) == 1 and statuses.count(None) == 1  # the timeout
     assert not [c for c in calls if "error" in c]  # every call answered in the end
     # a state without incident makes exactly the calls of the pipeline; JSON steps ask for JSON, with a seed
-    quiet = [c for c in calls if c["tag"].startswith(state_id(built["states"][2]) + "|")]
+    quiet = [c for c in calls if c["tag"].startswith(built["states"][2].state_id + "|")]
     kinds = [c["tag"].split("|")[1].split(":")[0] for c in quiet]
     assert {k: kinds.count(k) for k in PER_STATE} == PER_STATE
     for c, kind in zip(quiet, kinds):
         assert ("response_format" in c["request"]) == (kind in ("stage", "state", "strategy", "select"))
         assert ("seed" in c["request"]) == (kind not in ("select", "judge"))
     # s17: one valid candidate per step, so nothing to rate: no selection call
-    assert not [c for c in calls if c["tag"].startswith(state_id(built["states"][17]) + "|select")]
+    assert not [c for c in calls if c["tag"].startswith(built["states"][17].state_id + "|select")]
 
 
 def test_rerun_makes_no_call(built):
