@@ -164,10 +164,10 @@ class RolloutConfig:
     # Engine weights: auto = bfloat16 on CUDA or a CPU with AMX/AVX512-BF16 (~5x the float32 matmul
     # rate there), else policy.dtype. When it differs from policy.dtype the learner recomputes π_old.
     dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
-    compile: bool = True  # torch.compile the decode step, once per (batch, length) bucket; off: eager
+    # torch.compile the decode step (batch size and length are dynamic: one graph per sampling
+    # params; the first compile takes minutes on a CPU, later processes reuse inductor's disk cache)
+    compile: bool = True
     max_seq_len: int = _f(2048, ge=16)  # prompt + completion tokens of one row (its KV-cache slot)
-    batch_buckets: list[int] = _f([1, 2, 4, 8, 16, 32, 64])  # live rows run padded up to the next one
-    length_bucket: int = _f(256, ge=16)  # attention reads the cache up to the next multiple of this
     prefix_cache_tokens: int = _f(16384, ge=0)  # K/V of finished rows kept for prompts extending them
     # Counselor safety check (rollout/safety.py): lexicon + similarity to seed phrases.
     risk_embedder: str = "packaged:minilm"  # thresholds below are calibrated for all-MiniLM-L6-v2

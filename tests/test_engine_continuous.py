@@ -210,8 +210,7 @@ def test_max_seq_len_ends_rows_and_rejects_longer_prompts(tiny_model):
 
 
 def test_compiled_step_matches_eager_and_sees_weight_loads(tiny_model, engine):
-    comp = HFEngine(tiny_model, _ro(compile=True, max_batch=4, batch_buckets=[4], max_seq_len=64,
-                                    length_bucket=64), seed=0)
+    comp = HFEngine(tiny_model, _ro(compile=True, max_batch=4, max_seq_len=64), seed=0)
     p = params(12, 0.9, 0.95, 64)
     want = engine.generate(PROMPTS, p, seeds=[1, 2, 3])
     got = comp.generate(PROMPTS, p, seeds=[1, 2, 3])
