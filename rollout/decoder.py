@@ -47,6 +47,10 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def _round_up(n: int) -> int:
+    return -(-n // LENGTH_STEP) * LENGTH_STEP
+
+
 def check_model(model, max_seq_len: int) -> None:
     """Raise ``ModelSpecError`` unless ``model`` has the layout this forward implements."""
     cfg = model.config
@@ -90,8 +94,10 @@ class SlotDecoder:
         their K/V). The slot dimension is outermost, so views of [:n] keep their strides."""
         if n <= self.slots:
             return
-        size = min(max(n, 2 * self.slots), max(n, self.max_batch))
-        shape = (size, self.kv_heads, self.max_seq_len, self.head_dim)
+        size = min(max(n, 2, 2 * self.slots), max(n, 2, self.max_batch))
+        # one LENGTH_STEP of slack: the attended length never reaches the allocated one (a full-length
+        # view has other strides and would compile a second graph)
+        shape = (size, self.kv_heads, _round_up(self.max_seq_len) + LENGTH_STEP, self.head_dim)
         for cache in (self.keys, self.values):
             for i in range(len(self.inner.layers)):
                 new = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -136,7 +142,10 @@ class SlotDecoder:
                temperature: float, top_p: float, top_k: int) -> tuple[list[int], list[float]]:
         """One decode step for slots [0, n): feed ``tokens`` at ``positions``, sample with the
         rows' ``seeds`` at their decode ``steps``; returns the n sampled tokens and log-probs."""
-        length = min(self.max_seq_len, -(-(max(positions) + 1) // LENGTH_STEP) * LENGTH_STEP)
+        n = len(tokens)
+        if self.compiled and n == 1:  # a padding row in free slot 1: n = 1 would compile a second graph
+            tokens, positions, seeds, steps = [*tokens, 0], [*positions, 0], [*seeds, 0], [*steps, 0]
+        length = _round_up(max(positions) + 1)
         ints = [torch.tensor(x, dtype=torch.long, device=self.device) for x in (tokens, positions, seeds, steps)]
         mask = (torch.arange(length, device=self.device) <= ints[1][:, None])[:, None]  # [n, 1, length]
         if self.compiled:  # one graph for every batch size and attended length (slots: ``reserve``)
@@ -144,7 +153,7 @@ class SlotDecoder:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(mask, 2)
         tok, logp = self._step(*ints, mask, temperature, top_p, top_k)
-        return tok.tolist(), logp.tolist()
+        return tok[:n].tolist(), logp[:n].tolist()
 
     def _decode_step(self, tokens, positions, seeds, steps, mask, temperature, top_p, top_k):
         hidden = self._forward(tokens[:, None], positions[:, None], mask, 0)

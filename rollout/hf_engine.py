@@ -112,17 +112,15 @@ class HFEngine(GenerationEngine):
             threading.Thread(target=self._run, name="hf-engine", daemon=True).start()
         return request
 
-    @torch.inference_mode()
-    def warmup(self, params: SamplingParams, batch: int, length: int) -> float:
-        """Compile (or run once) the decode step for ``batch`` rows whose longest sequence is
-        ``length`` tokens; returns the seconds it took. Runs on free slots only."""
+    def warmup(self, params: SamplingParams) -> float:
+        """Compile (or run once) the decode step for these sampling parameters: one graph serves every
+        batch size and length. Returns the seconds it took; runs on free slots of an idle engine."""
         with self._lock:
             if self._live:
                 raise RuntimeError("warmup needs an idle engine")
-            self.decoder.reserve(batch)
+            self.decoder.reserve(2)
             t = time.perf_counter()
-            self.decoder.decode([0] * batch, [length - 1] * batch, [0] * batch, [1] * batch,
-                                params.temperature, params.top_p, params.top_k)
+            self.decoder.decode([0, 0], [1, 1], [0, 0], [1, 1], params.temperature, params.top_p, params.top_k)
             return time.perf_counter() - t
 
     def load_weights(self, weights: dict, version: int) -> None:
