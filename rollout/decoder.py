@@ -31,7 +31,10 @@ lays out attention itself; tests compare it with HF's forward.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 from escrag.models import ModelSpecError
@@ -79,10 +82,13 @@ class SlotDecoder:
         self.values: list[torch.Tensor] = []
         self.slots = 0
         self.compiled = ro.compile
+        self.packed = self.device.type == "cpu" and self.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+        if self.packed:
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    pack_weight(m.weight)
         self._step = self._decode_step
         if ro.compile:
-            import torch._dynamo
-
             # one graph per sampling params (and one for a batch of 1); dynamo's default limit is 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._step = torch.compile(self._decode_step, dynamic=False)
@@ -125,6 +131,13 @@ class SlotDecoder:
         for cache, part in zip((*self.keys, *self.values), saved):
             cache[dst, :, :length] = part[:, :length]
 
+    def repack(self, weights: list[torch.Tensor]) -> None:
+        """Refresh the oneDNN-packed copies of those of ``weights`` that have one (after an in-place
+        weight load)."""
+        for w in weights:
+            if w.data_ptr() in _PACKED:
+                pack_weight(w)
+
     # ------------------------------------------------------------------ passes
 
     @torch.inference_mode()
@@ -160,7 +173,7 @@ class SlotDecoder:
         return sample(self._logits(hidden[:, -1]), temperature, top_p, top_k, seeds, steps)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.inner.norm(hidden))
+        return _linear(self.model.lm_head, self.inner.norm(hidden), self.packed)
 
     def _forward(self, ids, pos, mask, first: int) -> torch.Tensor:
         """ids, pos [n, T] of slots first..first+n -> hidden [n, T, E]; writes the K/V of these
@@ -174,31 +187,31 @@ class SlotDecoder:
         mask = mask[:, None, None].expand(n, 1, groups, t, kv_len).reshape(n, 1, groups * t, kv_len)
         rows = torch.arange(first, first + n, device=ids.device)[:, None]
         for layer, k_cache, v_cache in zip(self.inner.layers, self.keys, self.values):
-            q, k, v = _qkv(layer, x, cos, sin, self.heads, self.kv_heads)
+            q, k, v = _qkv(layer, x, cos, sin, self.heads, self.kv_heads, self.packed)
             k_cache[rows, :, pos] = k  # [n, T, kv_heads, D] at each row's positions
             v_cache[rows, :, pos] = v
             keys, values = k_cache[first:first + n, :, :kv_len], v_cache[first:first + n, :, :kv_len]
-            x = _attend_and_mlp(layer, x, q, keys, values, mask, self.heads, self.kv_heads)
+            x = _attend_and_mlp(layer, x, q, keys, values, mask, self.heads, self.kv_heads, self.packed)
         return x
 
 
 # Under torch.compile each of these is compiled once and stamped out for every layer. The cache
 # writes stay outside them: nested regions that mutate their inputs lose the dynamic batch size.
 @torch.compiler.nested_compile_region
-def _qkv(layer, x, cos, sin, heads: int, kv_heads: int):
+def _qkv(layer, x, cos, sin, heads: int, kv_heads: int, packed: bool):
     """Pre-norm, projections, rotary embedding: q [n, H, T, D]; k, v [n, T, kv_heads, D]."""
     attn, (n, t, _) = layer.self_attn, x.shape
     h = layer.input_layernorm(x)
-    q = attn.q_proj(h).view(n, t, heads, -1)
-    k = attn.k_proj(h).view(n, t, kv_heads, -1)
-    v = attn.v_proj(h).view(n, t, kv_heads, -1)
+    q = _linear(attn.q_proj, h, packed).view(n, t, heads, -1)
+    k = _linear(attn.k_proj, h, packed).view(n, t, kv_heads, -1)
+    v = _linear(attn.v_proj, h, packed).view(n, t, kv_heads, -1)
     if hasattr(attn, "q_norm"):  # Qwen3
         q, k = attn.q_norm(q), attn.k_norm(k)
     return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin).transpose(1, 2), v
 
 
 @torch.compiler.nested_compile_region
-def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int):
+def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int, packed: bool):
     """Attention of q over the rows' cached K/V (grouped queries as rows of their K/V head), the
     output projection, then the MLP, with pre-norm residuals."""
     attn, (n, t, _) = layer.self_attn, x.shape
@@ -206,5 +219,40 @@ def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int):
     q = q.reshape(n, kv_heads, heads // kv_heads * t, head_dim)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
     out = out.view(n, heads, t, head_dim).transpose(1, 2).reshape(n, t, -1)
-    x = x + attn.o_proj(out)
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    x = x + _linear(attn.o_proj, out, packed)
+    mlp, h = layer.mlp, layer.post_attention_layernorm(x)  # Llama-family MLP: down(act(gate) * up)
+    return x + _linear(mlp.down_proj, mlp.act_fn(_linear(mlp.gate_proj, h, packed)) * _linear(mlp.up_proj, h, packed),
+                       packed)
+
+
+# ------------------------------------------------------------------ oneDNN-packed linears (CPU bf16)
+# A bfloat16 matmul on the CPU reorders its weight into oneDNN's blocked layout on every call; packed
+# once, the layers' linears run 1.1-1.9x faster (most at small batches: 1.6x at 8 rows on this CPU).
+# A custom op, so that compiled graphs call it too and read the packed copies of the weights as they
+# are when the graph runs (``SlotDecoder.repack`` after an in-place weight load).
+
+_PACKED: dict[int, torch.Tensor] = {}  # weight data_ptr -> its oneDNN-packed copy
+
+
+def pack_weight(weight: torch.Tensor) -> None:
+    ptr = weight.data_ptr()
+    if ptr not in _PACKED:
+        weakref.finalize(weight, _PACKED.pop, ptr, None)  # dropped with the weight
+    _PACKED[ptr] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+
+@torch.library.custom_op("escrag::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through the packed copy of ``weight``."""
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), _PACKED[weight.data_ptr()], bias,
+                                             "none", [], "")
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@packed_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _linear(module: torch.nn.Linear, x: torch.Tensor, packed: bool) -> torch.Tensor:
+    return packed_linear(x, module.weight, module.bias) if packed else module(x)

@@ -142,6 +142,7 @@ class HFEngine(GenerationEngine):
                 for name, tensor in weights.items():
                     target = self._named[name]
                     target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+            self.decoder.repack([self._named[name] for name in weights])
             self.prefix_cache.clear()
             self.version = version
 
