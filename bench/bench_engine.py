@@ -11,7 +11,8 @@ variant so each row makes exactly 64 tokens), SmolLM2-135M-Instruct, batch 8 and
 - ``ours compiled``: the same with ``rollout.compile: true``.
 Ours samples with the config's ``top_k`` (64) then top-p inside it (escrag.sampling).
 
-Runs interleave (batch x variant, ``--repeats`` rounds) and the table shows medians; the prefix
+Runs interleave (batch x variant, ``--repeats`` rounds) and the tables show medians of tokens per
+wall second (the target) and per CPU second of the process (steadier on a shared machine); the prefix
 cache is cleared before each run (rows of one batch may still share the system prompt's K/V).
 Compile time is reported apart: the warm-up call of the compiled engine per batch size (all length
 buckets of the run) minus its median run. ``--cold-compile`` (default on) points inductor's cache at
@@ -112,11 +113,14 @@ class Ours:
 
 
 def timed(fn, batch) -> dict:
+    """Wall time, and this process's CPU time (all its threads): on a shared machine tokens per CPU
+    second compare variants more stably than tokens per wall second."""
     load = os.getloadavg()[0]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     tokens = fn(batch)
-    wall = time.perf_counter() - t
-    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "load1": load}
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "cpu_s": cpu, "tok_cpu_s": tokens / cpu,
+            "load1": load}
 
 
 def logprob_gap(ours: Ours, hf: HFGenerate, batch: list[list[int]]) -> dict:
@@ -160,10 +164,11 @@ def measure(args) -> dict:
             for name in names:
                 runs[f"{name}/b{b}"].append(timed(runners[name].run, ids[:b]))
                 x = runs[f"{name}/b{b}"][-1]
-                print(f"round {r} {VARIANTS[name]:<18} b{b:<3} {x['tok_s']:7.1f} tok/s (load {x['load1']:.1f})",
-                      flush=True)
+                print(f"round {r} {VARIANTS[name]:<18} b{b:<3} {x['tok_s']:7.1f} tok/s, {x['tok_cpu_s']:7.1f} "
+                      f"tok/cpu-s (load {x['load1']:.1f})", flush=True)
     res = {"config": vars(args), "prompt_tokens": [len(p) for p in ids], "warmup_s": warm, "runs": runs,
-           "median_tok_s": {k: statistics.median(x["tok_s"] for x in v) for k, v in runs.items()}}
+           "median_tok_s": {k: statistics.median(x["tok_s"] for x in v) for k, v in runs.items()},
+           "median_tok_cpu_s": {k: statistics.median(x["tok_cpu_s"] for x in v) for k, v in runs.items()}}
     if "compiled" in names:
         res["compile_s"] = {f"b{b}": warm[f"compiled/b{b}"] - statistics.median(
             x["seconds"] for x in runs[f"compiled/b{b}"]) for b in batches}
@@ -174,15 +179,17 @@ def measure(args) -> dict:
 
 
 def print_table(res: dict) -> None:
-    med, batches = res["median_tok_s"], res["config"]["batches"].split(",")
+    batches = res["config"]["batches"].split(",")
     names = [n for n in res["config"]["variants"].split(",") if n]
-    print(f"\n{'variant':<20}" + "".join(f"{'b' + b + ' tok/s':>12}{'x hf':>7}" for b in batches))
-    for n in names:
-        row = f"{VARIANTS[n]:<20}"
-        for b in batches:
-            v, base = med[f"{n}/b{b}"], med.get(f"hf/b{b}")
-            row += f"{v:>12.1f}" + (f"{v / base:>7.2f}" if base else f"{'':>7}")
-        print(row)
+    for key, unit in (("median_tok_s", "tok/s"), ("median_tok_cpu_s", "tok/cpu-s")):
+        med = res[key]
+        print(f"\n{'variant':<20}" + "".join(f"{'b' + b + ' ' + unit:>16}{'x hf':>7}" for b in batches))
+        for n in names:
+            row = f"{VARIANTS[n]:<20}"
+            for b in batches:
+                v, base = med[f"{n}/b{b}"], med.get(f"hf/b{b}")
+                row += f"{v:>16.1f}" + (f"{v / base:>7.2f}" if base else f"{'':>7}")
+            print(row)
     if "compile_s" in res:
         print("compile time (warm-up minus median run): " +
               ", ".join(f"{k} {v:.0f} s" for k, v in res["compile_s"].items()) +
