@@ -156,7 +156,7 @@ class RolloutConfig:
     rag: bool = True  # False: vanilla one-stage GRPO rollouts (ablation)
     train_stage1: bool = False  # True: stage-1 tokens also get loss mask 1 with the same advantage
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))  # transformers engine; auto: cuda if present
-    max_batch: int = _f(64, ge=1)  # rows per engine call; concurrent groups' requests are merged up to it
+    max_batch: int = _f(64, ge=1)  # rows decoding at once (transformers: KV slots; vllm: merged calls)
     torch_threads: int = _f(0, ge=0)  # torch intra-op threads per worker; 0: torch's default
     worker_cpus: float = _f(1.0, gt=0.0)  # Ray CPUs reserved per rollout worker actor
     worker_gpus: float = _f(0.0, ge=0.0)  # Ray GPUs per worker; the vllm engine needs > 0 (0 means 1)
@@ -164,6 +164,15 @@ class RolloutConfig:
     restart_timeout_s: float = _f(300.0, gt=0.0)  # how long the pool waits for Ray to restart a worker
     restart_poll_s: float = _f(0.1, gt=0.0)  # first poll of a restarting worker; doubles up to 20x
     vllm_gpu_memory: float = _f(0.6, gt=0.0, le=1.0)  # vLLM gpu_memory_utilization per engine
+    # The transformers engine (rollout/hf_engine.py; docs/rollout.md "The transformers engine").
+    # Engine weights: auto = bfloat16 on CUDA or a CPU with AMX/AVX512-BF16 (~5x the float32 matmul
+    # rate there), else policy.dtype. When it differs from policy.dtype the learner recomputes π_old.
+    dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
+    # torch.compile the decode step (batch size and length are dynamic: one graph per sampling
+    # params; the first compile takes minutes on a CPU, later processes reuse inductor's disk cache)
+    compile: bool = True
+    max_seq_len: int = _f(2048, ge=16)  # prompt + completion tokens of one row (its KV-cache slot)
+    prefix_cache_tokens: int = _f(16384, ge=0)  # K/V of finished rows kept for prompts extending them
     # Counselor safety check (rollout/safety.py): lexicon + similarity to seed phrases.
     risk_embedder: str = "packaged:minilm"  # thresholds below are calibrated for all-MiniLM-L6-v2
     risk_turns: int = _f(2, ge=1)  # latest client turns that are checked

@@ -32,7 +32,8 @@ class RolloutWorker:
         import torch
 
         from escrag.models import offline_env
-        from rollout.engine import EngineScheduler, make_engine
+        from rollout.engine import make_engine
+        from rollout.episode import as_scheduler
 
         offline_env()
         if cfg.rollout.torch_threads:
@@ -41,7 +42,7 @@ class RolloutWorker:
             raise UserError("rollout.rag is on but no retriever URL was given")
         self.cfg, self.index = cfg, worker_index
         self.engine = make_engine(cfg, seed=derive_seed(cfg.run.seed, "worker", worker_index))
-        self.sched = EngineScheduler(self.engine, cfg.rollout.max_batch)
+        self.sched = as_scheduler(self.engine, cfg.rollout.max_batch)
         self.retriever = RetrieverClient(retriever_url, cfg.retriever, api_key) if cfg.rollout.rag else None
         self.reward = RewardClient(reward_url, cfg.reward, api_key)
         self._lock = asyncio.Lock()

@@ -13,7 +13,9 @@ whose ``loss_mask`` is 1 (masks are set by the rollout) and exports weights for 
 - Log-probs are log-softmax(logits / T) with T the sampling temperature (``escrag.sampling``), the
   quantity the engines record. π_old of eq. 10 is the behaviour log-prob the rollout recorded, or,
   with ``grpo.recompute_old_logprobs`` (default: on for the vLLM engine, whose bfloat16 kernels and
-  truncated log-probs differ from ours), the learner's own log-probs before its first pass.
+  truncated log-probs differ from ours, and for a transformers engine running in another precision
+  than the learner, e.g. ``rollout.dtype: auto`` = bfloat16 on this CPU against a float32
+  ``policy.dtype``), the learner's own log-probs before its first pass.
   ``logp_diff`` is the mean absolute gap between the two, a check that rollout and learner agree.
 - Groups whose rewards are all equal have zero advantage; they are skipped (their KL term too) and
   counted as ``zero_adv_groups``. A batch with nothing left makes no optimizer step.
@@ -33,16 +35,22 @@ import time
 import torch
 
 from escrag.config import Config
-from escrag.models import torch_dtype
+from escrag.models import engine_dtype, torch_dtype
 from escrag.records import ScoredGroup, TokenSequence
 from trainer.grpo import group_advantages, policy_loss
 from trainer.policy import build_policy, compute, is_lora, lora_merged_weights, save_merged, tail_logprobs
 
 
 def recompute_old(cfg: Config) -> bool:
-    """Whether the learner recomputes π_old (``grpo.recompute_old_logprobs``; None: for vLLM only)."""
+    """Whether the learner recomputes π_old (``grpo.recompute_old_logprobs``; None = auto: for vLLM,
+    and for a transformers engine whose weights dtype, ``rollout.dtype`` resolved on this machine,
+    differs from the learner's compute dtype ``policy.dtype``)."""
     flag = cfg.grpo.recompute_old_logprobs
-    return cfg.rollout.engine == "vllm" if flag is None else flag
+    if flag is not None:
+        return flag
+    if cfg.rollout.engine == "vllm":
+        return True
+    return engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) != cfg.policy.dtype
 
 
 class Learner:
