@@ -107,6 +107,7 @@ def step_row(step: int, groups, m: dict, times: dict, position: dict, version: i
     """The metrics line of a step: the learner's metrics, the rollout's, timings and data position.
     ``gen_s`` is the longest worker call of the step (generation, retrieval and reward), ``wait_s`` how
     long the driver waited for the step's rollouts (at k > 0 partly hidden behind the last update),
+    ``push_s`` until every worker holds the new weights (at k > 0 after the call it is running),
     ``step_s`` the wall time since the previous step ended."""
     gen_tokens = sum(g.stats.get("stage1_tokens", 0) + g.stats.get("stage2_tokens", 0) for g in groups)
     gen_s = max((g.stats.get("batch_s", 0.0) for g in groups), default=0.0)

@@ -23,6 +23,15 @@ whose ``loss_mask`` is 1 (masks are set by the rollout) and exports weights for 
   (HF names of the base model), else every parameter, cast once to ``policy.dtype``; the version
   number increases by one per optimizer step and goes with the weights to the rollout workers, which
   refuse stale versions.
+
+The job runs it as a Ray actor (``LearnerActor``, ``start_learner``) with its own resources
+(``grpo.learner_cpus``, ``grpo.learner_gpus``; ``place`` shares a cluster's GPUs between it and the
+rollout engines). ``LearnerActor.train`` enforces the staleness bound of the streaming job: a group
+more than ``grpo.max_staleness`` versions behind the learner is dropped, counted (``stale_groups``)
+and never trained; the new weights go back through the object store, once per version. For stale
+groups π_old is the behaviour log-prob recorded with the group, or, when it is recomputed, π_prox of
+the decoupled objective (``trainer.grpo`` point 4, ``grpo.decoupled_loss``), whose weight's mean and
+max are ``iw_mean`` / ``iw_max``. The KL term is not reweighted.
 """
 
 from __future__ import annotations
