@@ -86,6 +86,8 @@ def test_explicit_shares_are_kept_and_auto_fills_the_rest():
     fixed = place(_cfg("grpo.learner_gpus=1", "rollout.worker_gpus=0", "rollout.device=cpu"), gpus=1)
     assert (fixed.grpo.learner_gpus, fixed.rollout.worker_gpus, fixed.rollout.device) == (1.0, 0.0, "cpu")
     assert learner_options(fixed) == {"num_cpus": 1.0, "num_gpus": 1.0, "max_restarts": 0}
+    full = place(_cfg("rollout.worker_gpus=1"), gpus=1)  # the engine holds the only GPU: the learner gets none
+    assert (full.grpo.learner_gpus, full.policy.device, full.rollout.device) == (0.0, "cpu", "cuda")
 
 
 def test_decoupled_loss_needs_recomputed_old_logprobs():

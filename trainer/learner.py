@@ -318,8 +318,9 @@ def place(cfg: Config, gpus: float) -> Config:
     Who wants a GPU: the learner unless ``policy.device`` is cpu; each rollout worker when its engine
     is vLLM or ``rollout.device`` is not cpu. Explicit ``grpo.learner_gpus`` / ``rollout.worker_gpus``
     are kept; the automatic ones share what they leave: a whole GPU each when there are enough, else
-    equal fractions that pack onto the GPUs (1 GPU, learner + 1 worker: 0.5 each). No GPU: CPU for
-    all (vLLM keeps its one GPU, as before). ``auto`` devices then follow the shares: Ray 2.60 leaves
+    equal fractions that pack onto the GPUs (1 GPU, learner + 1 worker: 0.5 each); when explicit
+    shares take every GPU, the automatic ones get none. No GPU: CPU for all (vLLM keeps asking for
+    one, as before). Mixing explicit and automatic shares on several GPUs may not pack: set both. ``auto`` devices then follow the shares: Ray 2.60 leaves
     every GPU visible to an actor that asked for none, so an actor with no share is told cpu."""
     import dataclasses
     import math
@@ -329,13 +330,14 @@ def place(cfg: Config, gpus: float) -> Config:
     workers_auto = ro.worker_gpus is None and (ro.engine == "vllm" or (ro.device != "cpu" and gpus > 0))
     takers = int(learner_auto) + ro.num_workers * int(workers_auto)
     fixed = (g.learner_gpus or 0.0) + ro.num_workers * (ro.worker_gpus or 0.0)
-    free = gpus - fixed
-    if takers == 0 or free <= 0:
-        share = 1.0  # nothing to share out; vLLM on a GPU-less cluster asks for 1 and waits, as before
+    if takers == 0:
+        share = 0.0
+    elif gpus == 0:
+        share = 1.0  # only vLLM workers get here: they ask for a GPU and wait for one, as before
     elif fixed == 0:
         share = 1.0 if takers <= gpus else 1.0 / math.ceil(takers / gpus)
-    else:
-        share = min(1.0, math.floor(100 * free / takers) / 100)
+    else:  # what the explicit shares leave (nothing left: the automatic ones run on the CPU)
+        share = min(1.0, math.floor(100 * max(gpus - fixed, 0.0) / takers) / 100)
     learner_gpus = g.learner_gpus if g.learner_gpus is not None else (share if learner_auto else 0.0)
     worker_gpus = ro.worker_gpus if ro.worker_gpus is not None else (share if workers_auto else 0.0)
 
