@@ -52,6 +52,16 @@ def offline_env() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
+def actor_env() -> None:
+    """``offline_env`` for a Ray actor, without transformers' weight-loading progress bars: Ray
+    forwards an actor's output to the driver late and interleaved, where a bar is noise that can
+    land after the job's last line."""
+    offline_env()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 @contextmanager
 def _lock(name: str):
     """Inter-process lock so that two workers do not build the same cache entry at once."""
