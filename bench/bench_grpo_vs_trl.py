@@ -14,7 +14,8 @@ is reported, with the completion tokens each side actually generated (EOS may en
 
 TRL runs in its own environment, never in .venv: ``bench/.cache/venv-trl`` (created on first use:
 a venv that sees .venv's packages through a .pth file, plus ``trl==1.16.0`` installed into it), as a
-subprocess running this file with ``--trl-worker``. TRL's gradient checkpointing (on by default) is
+subprocess running this file with ``--trl-worker``. ``--dtype bfloat16`` (default) trains with
+bfloat16 autocast over float32 weights on both sides (ours: ``policy.dtype``; TRL: ``bf16=True``). TRL's gradient checkpointing (on by default) is
 turned off unless ``--trl-grad-ckpt``: we do not checkpoint either.
 
 Writes ``bench/results/grpo_vs_trl.json`` and prints a table with both times and the ratio.
@@ -72,7 +73,7 @@ def run_ours(a, model_path: str, prompts: list[str]) -> dict:
 
     over = [f"policy.model={model_path}", f"policy.lora.enabled={str(a.lora > 0).lower()}",
             f"policy.lora.r={max(a.lora, 1)}", f"policy.lora.alpha={2 * max(a.lora, 1)}",
-            f"grpo.micro_batch_size={a.micro}", f"grpo.kl_coef={a.kl}", "grpo.lr=1e-6"]
+            f"grpo.micro_batch_size={a.micro}", f"grpo.kl_coef={a.kl}", "grpo.lr=1e-6", f"policy.dtype={a.dtype}"]
     cfg = load_config(None, over)
     torch.manual_seed(0)
     engine, learner = make_engine(cfg, model_path, seed=0), Learner(cfg)
@@ -162,7 +163,7 @@ def trl_worker(spec_path: str) -> None:
                      gradient_accumulation_steps=a["prompts"] * a["group"] // a["micro"],
                      num_generations=a["group"], max_completion_length=a["completion_len"], temperature=0.9,
                      top_p=0.95, beta=a["kl"], learning_rate=1e-6, max_steps=n_steps, logging_steps=1,
-                     report_to="none", save_strategy="no", use_cpu=True, bf16=False,
+                     report_to="none", save_strategy="no", use_cpu=True, bf16=a["dtype"] == "bfloat16",
                      gradient_checkpointing=a["trl_grad_ckpt"], shuffle_dataset=False, seed=0)
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(spec["model"])
@@ -199,6 +200,9 @@ def parse(argv=None):
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--only", choices=("both", "ours", "trl"), default="both")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
+                   help="learner compute dtype on both sides (autocast, float32 weights); our engine's "
+                        "weights follow rollout.dtype (auto: bfloat16 where fast), TRL generates with the model")
     p.add_argument("--trl-grad-ckpt", action="store_true", help="keep TRL's gradient checkpointing on")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "grpo_vs_trl.json"))
     p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
