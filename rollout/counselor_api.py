@@ -8,8 +8,8 @@ The reply's ``choices[0].message.content`` is the final response text (the ``<re
 the stage-2 output; when the output does not parse, its text with the tags removed, or the stage-1
 response if that is empty too). A top-level ``escrag`` field carries ``think``, ``initial``,
 ``exemplars``, ``risk`` ("none" | "elevated" | "high"), ``reasons`` and the raw output. Every reply
-passes ``rollout.safety``: at high risk the reply keeps its text and ends with a call to contact
-emergency services or a crisis line now.
+passes ``escrag.safety`` (docs/safety.md): at high risk it is a supportive reply that names where
+to get help now in ``safety.locale``.
 
 Streaming (``stream: true``) sends the final response text as SSE chunks once both stages are done:
 the stage-2 output starts with the think block and must pass the safety check, so nothing can be
@@ -32,10 +32,10 @@ from escrag.errors import UserError
 from escrag.formats import parse_output, response_text
 from escrag.http_client import ServiceError
 from escrag.prompts import stage1_messages, stage2_messages
+from escrag.safety import RiskClassifier, safety_reply
 from rollout.counselor_protocol import ChatCompletionRequest
 from rollout.engine import SamplingParams
 from rollout.episode import as_scheduler, prompt_ids, retrieval_query, sampling_params
-from rollout.safety import RiskClassifier, apply_safety
 
 _TAG = re.compile(r"</?(think|response)>")
 _CLASSIFIERS: dict[str, RiskClassifier] = {}
@@ -52,7 +52,7 @@ def reply_text(output: str, fallback: str = "") -> str:
 
 
 def _classifier(cfg: Config) -> RiskClassifier:
-    key = cfg.rollout.risk_embedder
+    key = repr(cfg.safety)
     if key not in _CLASSIFIERS:
         _CLASSIFIERS[key] = RiskClassifier.from_config(cfg)
     return _CLASSIFIERS[key]
@@ -69,7 +69,7 @@ async def rag_answer(state_or_history, engine, retriever_client, cfg: Config,
                      classifier: RiskClassifier | None = None, params1: SamplingParams | None = None,
                      params2: SamplingParams | None = None) -> dict:
     """Answer one dialogue state. ``retriever_client=None`` gives a one-stage answer (no RAG).
-    ``classifier=None`` uses the one ``cfg.rollout.risk_*`` describes (loaded once per process)."""
+    ``classifier=None`` uses the one ``cfg.safety`` describes (loaded once per process)."""
     history = _history(state_or_history)
     sched, turns = as_scheduler(engine, cfg.rollout.max_batch), cfg.data.max_history_turns
     p1 = prompt_ids(sched.tokenizer, stage1_messages(history, turns))
@@ -85,7 +85,7 @@ async def rag_answer(state_or_history, engine, retriever_client, cfg: Config,
     risk = (classifier or _classifier(cfg)).assess(history)
     parsed = parse_output(final.text)
     return {
-        "response": apply_safety(reply_text(final.text, fallback=initial), risk),
+        "response": safety_reply(reply_text(final.text, fallback=initial), risk, cfg.safety),
         "think": parsed.think if parsed.ok else "",
         "initial": initial,
         "initial_output": g1.text if retriever_client is not None else "",
