@@ -137,7 +137,7 @@ _ASK = [  # (category, the counselor's question names this risk)
                              r"self harm|burn(?:ing)? yourself|still bleeding|need(?:s)? stitches)\b")),
     ("harm_to_others", re.compile(r"\b(?:hurt(?:ing)? (?:him|her|them|someone|anyone|somebody)|harm(?:ing)? (?:him|her|them|"
                                   r"someone|anyone)|kill(?:ing)? (?:him|her|them|someone)|(?:a|the) (?:weapon|gun|knife) with you)\b")),
-    ("abuse", re.compile(r"\b(?:hurt(?:s|ing)? you|hit(?:s|ting)? you|threaten(?:ed|s|ing)? (?:to kill )?you|(?:un)?safe at home|"
+    ("abuse", re.compile(r"\b(?:hurt(?:s|ing)? you|hit(?:s|ting)? you|threaten(?:ed|s|ing)? (?:to kill )?you|unsafe at home|"
                          r"afraid (?:of|for) (?:him|her|them|your life)|kill you|in danger)\b")),
     ("medical", re.compile(r"\b(?:what|how (?:many|much)) (?:did you|have you) (?:take|taken|swallow|swallowed|drink|drunk|drank)\b|"
                            r"\b(?:overdose|overdosed)\b")),
@@ -213,6 +213,7 @@ def _combos(hits: list[Hit]) -> list[Hit]:
 
 
 DENIABLE = ("ideation_active", "anger_verb")  # thoughts and wishes a denial in the same turn lowers
+STOPPABLE = ("means", "intent_now", "ideation_active")  # what "I put it down" in the same turn lowers
 
 
 def _lower(h: Hit, why: str) -> Hit:
@@ -229,11 +230,13 @@ def rule_hits(history: list[dict]) -> tuple[list[Hit], list[tuple[int, str, set[
         if asked and _YES.search(norm):
             level = "elevated" if _SOFT_YES.search(norm) else "high"
             hits.append(Hit(asked, level, "answer_to_question", t, f"{question[-60:]} {norm[:40]}"))
-        turn_resolved, denied = R.resolved(norm), R.denial(norm)
+        turn_resolved, denied, stopped = R.resolved(norm), R.denial(norm), R.stopped(norm)
         for s in R.split_sentences(norm):
             found, lowered = sentence_hits(s, turn_resolved)
             if denied:  # "I've thought about killing myself, but I'd never go through with it"
                 found = tuple(_lower(h, "denied") if h.name in DENIABLE and h.level == "high" else h for h in found)
+            if stopped:  # "I had the razor in my hand but I put it down and called my friend"
+                found = tuple(_lower(h, "stopped") if h.name in STOPPABLE and h.level == "high" else h for h in found)
             hits += [dataclasses.replace(h, turn=t) for h in found]
             if asked and any(h.name in ("means", "plan", "timing", "weapon", "act") for h in found):
                 hits.append(Hit(asked, "high", "answer_to_question", t, f"{question[-60:]} {s[:40]}"))

@@ -22,10 +22,10 @@ TARGET_FLAGGED = 0.05  # of not-high cases assessed high
 # ------------------------------------------------------------------------------ separation
 
 
-def case_text(case: dict) -> list[str]:
-    """The client turns of a case, lowercased with everything but letters and digits removed."""
-    return [re.sub(r"[^a-z0-9]+", " ", m["content"].lower()).strip()
-            for m in case["messages"] if m["role"] == "user"]
+def case_text(case: dict) -> str:
+    """The client turns of a case, lowercased, with everything but letters and digits removed."""
+    text = " ".join(m["content"] for m in case["messages"] if m["role"] == "user")
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
 
 
 def _grams(text: str, n: int) -> set[str]:
@@ -33,35 +33,29 @@ def _grams(text: str, n: int) -> set[str]:
     return {t[i:i + n] for i in range(max(1, len(t) - n + 1))}
 
 
-def near_duplicates(cases: list[dict], others: list[dict], n: int = 5, threshold: float = 0.5,
-                    min_chars: int = 25) -> list[tuple[str, str, float]]:
-    """(id in ``cases``, id in ``others``, overlap) for each client turn of ``cases`` that equals a
-    client turn of ``others`` after normalisation, or shares at least ``threshold`` of its character
-    n-grams with one (overlap = shared / the smaller turn's n-grams; turns under ``min_chars``
-    characters only count when equal)."""
+def near_duplicates(cases: list[dict], others: list[dict], n: int = 5,
+                    threshold: float = 0.45) -> list[tuple[str, str, float]]:
+    """(id in ``cases``, id in ``others``, overlap) for each case whose client text equals one in
+    ``others`` after normalisation, or whose character n-grams overlap one's by at least ``threshold``
+    (Jaccard: shared / all n-grams of the two): copies, light edits and typo variants."""
     index: dict[str, set[int]] = defaultdict(set)
-    turns = []
-    for case in others:
-        for text in case_text(case):
-            turns.append((case["id"], text, _grams(text, n)))
-            for g in turns[-1][2]:
-                index[g].add(len(turns) - 1)
-    exact = {text: cid for cid, text, _ in turns}
+    texts = [(c["id"], case_text(c)) for c in others]
+    grams = [_grams(t, n) for _, t in texts]
+    for i, gs in enumerate(grams):
+        for g in gs:
+            index[g].add(i)
+    exact = {t: cid for cid, t in texts}
     found = []
     for case in cases:
-        for text in case_text(case):
-            if text in exact:
-                found.append((case["id"], exact[text], 1.0))
-                continue
-            if len(text) < min_chars:
-                continue
-            grams = _grams(text, n)
-            shared = Counter(i for g in grams for i in index.get(g, ()))
-            for i, k in shared.most_common(3):
-                score = k / min(len(grams), len(turns[i][2]))
-                if score >= threshold and len(turns[i][1]) >= min_chars:
-                    found.append((case["id"], turns[i][0], round(score, 3)))
-                    break
+        text = case_text(case)
+        if text in exact:
+            found.append((case["id"], exact[text], 1.0))
+            continue
+        mine = _grams(text, n)
+        shared = Counter(i for g in mine for i in index.get(g, ()))
+        best = max(((k / (len(mine) + len(grams[i]) - k), i) for i, k in shared.most_common(5)), default=None)
+        if best and best[0] >= threshold:
+            found.append((case["id"], texts[best[1]][0], round(best[0], 3)))
     return found
 
 

@@ -1,9 +1,9 @@
 """The counselor API driven by the official ``openai`` client against a real ``escrag serve counselor``
 process (tiny random policy, a real retriever process over a 40-chunk ESConv index): non-streaming and
 SSE streaming give the same seeded reply, the ``escrag`` field carries think/initial/exemplars/risk, a
-high-risk conversation gets ``risk: high`` with reasons and a crisis notice, bad requests get a 422
-with a detail, ``--no-rag`` without a retriever is a clear CLI error; ``rag_answer`` (used by the demo
-job) runs in-process on the same retriever.
+high-risk conversation gets ``risk: high`` with reasons and a safety reply (tests/test_counselor_safety.py
+covers every category), bad requests get a 422 with a detail, ``--no-rag`` without a retriever is a
+clear CLI error; ``rag_answer`` (used by the demo job) runs in-process on the same retriever.
 Run: .venv/bin/python -m pytest -q tests/test_counselor.py"""
 
 import asyncio
@@ -75,10 +75,10 @@ def test_high_risk_conversation(client):
     extra = resp.model_extra["escrag"]
     assert extra["risk"] == "high" and extra["reasons"] and "suicide" in extra["categories"]
     text = resp.choices[0].message.content
-    assert "crisis line" in text and "988" in text
+    assert "crisis line" in text and "emergency services" in text  # safety.locale: international
     chunks = list(client.chat.completions.create(model="counselor", messages=msgs, temperature=0.0,
                                                  stream=True))
-    assert "988" in "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].model_extra["escrag"]["risk"] == "high"
 
 
@@ -98,16 +98,14 @@ def test_no_retriever_is_a_cli_error(tiny_model):
 
 
 def test_rag_answer_in_process(urls, tiny_model):
+    from escrag.safety import RiskClassifier
     from retriever_server.client import RetrieverClient
     from rollout.counselor_api import rag_answer
     from rollout.hf_engine import HFEngine
-    from rollout.safety import RiskClassifier
 
     cfg = load_config("configs/cpu-test.yaml", [a for a in ARGS if a != "-o"])
     engine = HFEngine(tiny_model)
-    from escrag.embed import load_embedder
-
-    clf = RiskClassifier(load_embedder("packaged:minilm"))
+    clf = RiskClassifier.from_config(cfg)
     state = load_states("test")[0]
     ans = asyncio.run(rag_answer(state, engine, RetrieverClient(urls["retriever"]), cfg, clf))
     assert {"response", "think", "initial", "exemplars", "risk", "reasons"} <= set(ans)
