@@ -5,6 +5,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+OPENRLHF := $(shell grep -o 'openrlhf\[vllm\]==[0-9.]*' pyproject.toml | sed 's/\[vllm\]//')
 # pip on this kind of machine warns about absent local indexes on every package; hide only that line.
 PIPQUIET := grep -v "is ignored: it is neither a file nor a directory" || true
 
@@ -14,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-all lint bench clean
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -24,12 +25,20 @@ $(STAMP): pyproject.toml
 	@# the CPU wheel of torch; a looser pin would pull a multi-GB CUDA build
 	@$(PY) -m pip install -q torch==2.13.0 2>&1 | $(PIPQUIET)
 	@$(PY) -m pip install -q -e '.[dev]' 2>&1 | $(PIPQUIET)
+	@# OpenRLHF without its dependencies (they pull CUDA builds): its agent executor, parser source and
+	@# loss run on CPU for tests/test_openrlhf_*.py; the version is the `cluster` extra's pin
+	@$(PY) -m pip install -q --no-deps $(OPENRLHF) 2>&1 | $(PIPQUIET)
+	@$(PY) -m pip install -q pylatexenc aiohttp torch==2.13.0 2>&1 | grep -v -e "^openrlhf " -e "dependency resolver" | $(PIPQUIET)
 	@touch $(STAMP)
 
 demo: install
 	@$(PY) -m ray_jobs.demo --config configs/cpu-demo.yaml
 
+# the slow tests (SmolLM2 end to end, minutes each) are deselected here and run by `make test-all`
 test: install
+	@$(PY) -m pytest -q -m "not slow" tests
+
+test-all: install
 	@$(PY) -m pytest -q tests
 
 bench: install

@@ -67,7 +67,7 @@ def run_ours(a, model_path: str, prompts: list[str]) -> dict:
     from escrag.config import load_config
     from escrag.records import Sample, ScoredGroup
     from rollout.engine import SamplingParams
-    from rollout.episode import sequence
+    from rollout.episode import record
     from rollout.hf_engine import HFEngine
     from trainer.learner import Learner
 
@@ -79,7 +79,7 @@ def run_ours(a, model_path: str, prompts: list[str]) -> dict:
     engine, learner = HFEngine(model_path, seed=0), Learner(cfg)
     tok = engine.tokenizer
     ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
-    params = SamplingParams(a.completion_len, temperature=0.9, top_p=0.95, top_k=64, stop_strings=())
+    params = SamplingParams.from_config(cfg.rollout, 2, max_new_tokens=a.completion_len, stop_strings=())
     times, tokens = [], []
     for step in range(a.warmup + a.steps):
         t0 = time.perf_counter()
@@ -87,7 +87,7 @@ def run_ours(a, model_path: str, prompts: list[str]) -> dict:
         groups = []
         for i, p in enumerate(ids):
             chunk = gens[i * a.group:(i + 1) * a.group]
-            samples = [Sample([sequence(p, g, 2)], g.text, reward=vowel_reward(g.text)) for g in chunk]
+            samples = [Sample(record(p, g, None, None, True), g.text, reward=vowel_reward(g.text)) for g in chunk]
             groups.append(ScoredGroup(str(i), samples, engine.version))
         m = learner.step(groups)
         if m["optimizer_steps"]:

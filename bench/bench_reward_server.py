@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from escrag.atomic import write_json  # noqa: E402
+from escrag.config import RewardConfig  # noqa: E402
 from escrag.data import load_states  # noqa: E402
 from escrag.servers import ServerProcess  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
@@ -54,7 +55,7 @@ def random_head(backbone: str, max_length: int, out: Path) -> Path:
 
 
 async def server_round(url: str, items: list[dict], concurrency: int) -> float:
-    client = RewardClient(url, timeout=600, retries=0)
+    client = RewardClient(url, RewardConfig(timeout_s=600, wait_s=600))
     queue = list(reversed(items))
 
     async def worker():

@@ -69,9 +69,12 @@ class Recorder:
     def version(self):
         return self.engine.version
 
-    def generate(self, prompt_ids, params):
-        self.calls.append((prompt_ids, params))
-        return self.engine.generate(prompt_ids, params)
+    def row_seeds(self, n, seeds):
+        return self.engine.row_seeds(n, seeds)
+
+    def generate(self, prompt_ids, params, seeds=None):
+        self.calls.append((prompt_ids, params, seeds))
+        return self.engine.generate(prompt_ids, params, seeds)
 
 
 def time_rollout(engine, states, cfg, urls):
@@ -84,7 +87,8 @@ def time_rollout(engine, states, cfg, urls):
 
     async def go():
         return await run_groups(states, EngineScheduler(rec, cfg.rollout.max_batch),
-                                RetrieverClient(urls["retriever"]), RewardClient(urls["reward"]), cfg, 0)
+                                RetrieverClient(urls["retriever"], cfg.retriever),
+                                RewardClient(urls["reward"], cfg.reward), cfg, 0)
 
     t = time.perf_counter()
     groups = asyncio.run(go())
@@ -95,8 +99,8 @@ def time_rollout(engine, states, cfg, urls):
 
 def time_raw(engine, calls):
     t, tokens = time.perf_counter(), 0
-    for prompts, params in calls:
-        tokens += sum(len(g.token_ids) for g in engine.generate(prompts, params))
+    for prompts, params, seeds in calls:
+        tokens += sum(len(g.token_ids) for g in engine.generate(prompts, params, seeds))
     wall = time.perf_counter() - t
     return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "engine_calls": len(calls)}
 
@@ -108,9 +112,9 @@ def time_pool(cfg, states, urls, workers: int):
     cfg.rollout.worker_cpus = 0.1
     pool = RolloutPool(cfg, urls["retriever"], urls["reward"])
     try:
-        pool.generate(states[:1])  # warm-up: actor start and model load are not timed
+        pool.generate(states[:1], [0])  # warm-up: actor start and model load are not timed
         t = time.perf_counter()
-        groups = pool.generate(states)
+        groups = pool.generate(states, list(range(len(states))))
         wall = time.perf_counter() - t
     finally:
         pool.shutdown()

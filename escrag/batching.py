@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from escrag.errors import Overloaded
 
-class QueueFull(RuntimeError):
-    """More than ``max_queue`` items are waiting."""
+
+class QueueFull(Overloaded):
+    """More than ``max_queue`` items are waiting (servers answer 503 + Retry-After)."""
 
 
 class MicroBatcher:
@@ -39,7 +41,8 @@ class MicroBatcher:
             return []
         self._ensure_started()
         if self.pending + len(items) > self.max_queue:
-            raise QueueFull(f"{self.pending} items waiting (limit {self.max_queue})")
+            raise QueueFull(f"server overloaded: {self.pending} items waiting (limit {self.max_queue}); "
+                            "retry shortly")
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in items]
         self.pending += len(items)

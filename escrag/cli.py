@@ -67,6 +67,10 @@ def _prefs(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-pairs", type=int, default=None)
     p.set_defaults(func=_lazy("escrag.pairs:bootstrap_main"))
+    p = prefs.add_parser("build", help="ESC-Preference: simulated client, three-stage counselor reasoning, "
+                         "judge, dominance filter (docs/preference.md)")
+    _config_args(p)
+    p.set_defaults(func=_lazy("escrag.preference:build_main"))
 
 
 def _rm(sub) -> None:
@@ -99,7 +103,12 @@ def _serve(sub) -> None:
     _config_args(p)
     p.set_defaults(func=_lazy("reward_server.server:main"))
     p = serve.add_parser("counselor", help="OpenAI-compatible two-stage RAG counselor")
-    p.add_argument("--policy", required=True, help="model spec or checkpoint folder")
+    p.add_argument("--policy", default=None, help="model spec or checkpoint folder (or use --endpoint)")
+    p.add_argument("--endpoint", default=None, metavar="BASE_URL",
+                   help="answer with a remote OpenAI-compatible model instead of a local policy")
+    p.add_argument("--endpoint-model", default=None, metavar="NAME", help="model name for --endpoint")
+    p.add_argument("--endpoint-key-env", default=None, metavar="VAR",
+                   help="environment variable holding the API key for --endpoint")
     p.add_argument("--retriever", default=None, help="retriever URL (required unless --no-rag)")
     p.add_argument("--no-rag", action="store_true", help="one-stage answers, no retrieval")
     _server_args(p, 8100)
@@ -113,8 +122,19 @@ def _train(sub) -> None:
     p.add_argument("--out", default=None)
     _config_args(p)
     p.set_defaults(func=_lazy("trainer.sft:main"))
+    p = sub.add_parser("pipeline", help="pairs -> index -> reward model -> cold-start SFT -> GRPO, skipping "
+                       "finished stages (same as python -m ray_jobs.pipeline)")
+    p.add_argument("--until", default=None, choices=("pairs", "index", "rm", "sft", "grpo"),
+                   help="stop after this stage")
+    _config_args(p, default="configs/cpu-demo.yaml")
+    p.set_defaults(func=_lazy("ray_jobs.pipeline:run_cli"))
     p = sub.add_parser("grpo", help="retrieval-augmented GRPO (same as python -m ray_jobs.train_grpo)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--backend", choices=("local", "openrlhf"), default=None,
+                   help="local: this machine's learner; openrlhf: OpenRLHF on a GPU cluster (docs/cluster.md); "
+                        "default: grpo.backend")
+    p.add_argument("--policy", default=None, help="openrlhf: start from this model (default <output_dir>/sft)")
+    p.add_argument("--dry-run", action="store_true", help="openrlhf: print the command on one line and exit")
     _config_args(p, default="configs/cpu-demo.yaml")
     p.set_defaults(func=_lazy("ray_jobs.train_grpo:run_cli"))
 
@@ -128,10 +148,29 @@ def _safety(sub) -> None:
     p.set_defaults(func=_lazy("escrag.safety_eval:main"))
 
 
+def _eval(sub) -> None:
+    p = sub.add_parser("eval", help="judge tables, offline proxy and human study (docs/evaluation.md)")
+    _config_args(p)
+    p.set_defaults(func=_lazy("evaluation.run:main"))
+    ev = p.add_subparsers(dest="eval_cmd")
+    e = ev.add_parser("export-human", help="blind pairs (pairs.csv, form.html); the key stays in the run")
+    e.add_argument("--run", required=True, help="run folder of `escrag eval`")
+    e.add_argument("--out", required=True, help="folder for the annotators' files")
+    e.set_defaults(func=_lazy("evaluation.human:export_main"))
+    i = ev.add_parser("import-human", help="filled forms -> win/tie/loss, Fleiss' kappa, figure4.png")
+    i.add_argument("--run", required=True, help="run folder of `escrag eval` (holds the key)")
+    i.add_argument("files", nargs="+", help="annotation files saved by form.html (or filled CSVs)")
+    i.set_defaults(func=_lazy("evaluation.human:import_main"))
+    r = ev.add_parser("proxy-rm", help="train the proxy RM on train dialogues disjoint from the training RM's")
+    r.add_argument("--out", required=True, help="folder of the proxy reward model")
+    _config_args(r)
+    r.set_defaults(func=_lazy("evaluation.proxy:proxy_rm_main"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="escrag", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for add in (_data, _index, _prefs, _rm, _serve, _train, _safety):
+    for add in (_data, _index, _prefs, _rm, _serve, _train, _eval, _safety):
         add(sub)
     return parser
 

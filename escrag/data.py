@@ -58,6 +58,11 @@ class DialogueState:
     emotion: str = ""
     problem: str = ""
 
+    @property
+    def state_id(self) -> str:
+        """``<dialogue_id>/<turn_index>``: unique within a data set; what every record is keyed by."""
+        return f"{self.dialogue_id}/{self.turn_index}"
+
 
 def resolve_path(split_or_path: str | Path) -> Path:
     """``train``/``valid``/``test`` name the bundled split; anything else is a file path."""

@@ -1,6 +1,6 @@
 """Text embedders behind one small interface: ``load_embedder(spec) -> Embedder``.
 
-Owns: loading a sentence-transformers model on CPU from a model spec (``packaged:minilm``, the
+Owns: loading a sentence-transformers model (on the CPU or a GPU) from a model spec (``packaged:minilm``, the
 default, is all-MiniLM-L6-v2 from a PyPI package; any local folder or cached hub name such as
 ``BAAI/bge-m3`` works the same way) and encoding batches of texts into float32, L2-normalised rows,
 so that inner product is cosine similarity. The retriever's index and the safety check share it,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from escrag.models import ModelSpecError, offline_env, resolve_model
+from escrag.models import ModelSpecError, offline_env, resolve_device, resolve_model
 
 
 class Embedder:
@@ -34,14 +34,15 @@ class Embedder:
         return np.ascontiguousarray(vecs, dtype=np.float32)
 
 
-def load_embedder(spec: str) -> Embedder:
-    """Load the embedder named by a model spec on CPU, without touching any model hub."""
+def load_embedder(spec: str, device: str = "cpu") -> Embedder:
+    """Load the embedder named by a model spec on ``device`` (``auto``: the GPU when one is visible),
+    without touching any model hub."""
     offline_env()
     path = resolve_model(spec)
     from sentence_transformers import SentenceTransformer
 
     try:
-        model = SentenceTransformer(path, device="cpu")
+        model = SentenceTransformer(path, device=resolve_device(device))
     except (OSError, ValueError) as exc:
         raise ModelSpecError(f"{spec}: cannot load as a sentence-transformers model ({exc})") from None
     return Embedder(spec, model)

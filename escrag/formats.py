@@ -1,6 +1,8 @@
 """The policy's output format and the rule-based format reward (paper eq. 4).
 
-Owns: the strict parser of ``<think>...</think><response>...</response>`` and ``format_reward``.
+Owns: the output-format tags (the only place they are spelt), the strict parser of
+``<think>...</think><response>...</response>``, ``format_reward``, ``compose`` (the format from its
+two parts) and ``reply_text`` (what a client is shown of any output).
 
 The format holds when the whole output is exactly one think block followed by one response block,
 with nothing but whitespace before, between and after, no tag of either kind inside either block, and
@@ -60,6 +62,23 @@ def format_reward(text: str) -> float:
 
 def format_rewards(texts: list[str]) -> list[float]:
     return [format_reward(t) for t in texts]
+
+
+def compose(think: str, response: str) -> str:
+    """An output in the format: ``<think>think</think><response>response</response>``."""
+    return f"{THINK_OPEN}{think.strip()}{THINK_CLOSE}{RESPONSE_OPEN}{response.strip()}{RESPONSE_CLOSE}"
+
+
+def reply_text(output: str, fallback: str = "") -> str:
+    """The client-facing text of an output: the response block when the format parses; else the text
+    after an opening response tag (or the whole output) with every tag removed; ``fallback`` when that
+    is empty."""
+    parsed = parse_output(output)
+    if parsed.ok:
+        return parsed.response
+    if RESPONSE_OPEN in output:
+        output = output.split(RESPONSE_OPEN, 1)[1].split(RESPONSE_CLOSE, 1)[0]
+    return _ANY_TAG.sub("", output).strip() or fallback.strip()
 
 
 def response_text(text: str) -> str:

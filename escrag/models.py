@@ -160,6 +160,17 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cpu`` and ``cuda[:N]`` pass through."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ModelSpecError(f"device {device!r}: expected auto, cpu or cuda[:N]")
+    return device
+
+
 def load_tokenizer(spec: str):
     """Tokenizer with left padding for batched generation; pad falls back to eos."""
     from transformers import AutoTokenizer

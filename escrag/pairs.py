@@ -36,6 +36,10 @@ from escrag.data import SPLITS, DataError, load_states, read_jsonl
 from escrag.errors import UserError
 
 METRICS = ("EI", "NE", "TA", "SC", "TH", "SF", "PT")  # paper 3.2: Client EI NE TA, Counselor SC TH, Judge SF PT
+METRIC_NAMES = {"EI": "Emotional Impact", "NE": "Non-Lecturing Empathy", "TA": "Therapeutic Alliance",
+                "SC": "Strategic Coherence", "TH": "Theoretical Application", "SF": "Strategy-Client Fit",
+                "PT": "Problem Targeting"}
+PERSPECTIVES = {"Client": ("EI", "NE", "TA"), "Counselor": ("SC", "TH"), "Judge": ("SF", "PT")}  # Table 1
 ROLES = ("user", "assistant")
 MIN_GOLD_WORDS = 5
 NEGATIVE_KINDS = ("other_dialogue", "generic", "lecturing", "truncated")
@@ -153,6 +157,27 @@ def load_pairs(path: str | Path) -> list[PreferencePair]:
     return pairs
 
 
+def in_split(pair: PreferencePair, split: str) -> bool:
+    """Whether a pair's source state lies in ``split`` (a split name or ESConv path): its provenance
+    names the split (``split``), or its dialogue id carries the split's prefix (``test-12``)."""
+    prov = pair.provenance
+    stem = split if split in SPLITS else Path(split).stem
+    named = prov.get("split")
+    return (named is not None and str(named) in (split, stem)) or \
+        str(prov.get("dialogue_id", "")).startswith(f"{stem}-")
+
+
+def refuse_split(pairs: list[PreferencePair], split: str, user: str) -> None:
+    """Raise ``DataError`` naming the first pair whose source state is in ``split`` (the test split):
+    held-out states never fit the reward model or enter the retrieval corpus (``user`` says which)."""
+    for pair in pairs:
+        if in_split(pair, split):
+            prov = pair.provenance
+            raise DataError(f"pair {pair.id!r} comes from the test split {split!r} (dialogue "
+                            f"{prov.get('dialogue_id')!r}, split {prov.get('split')!r}); {user} only takes "
+                            "pairs from training dialogues: remove it from the file")
+
+
 def write_pairs(pairs: list[PreferencePair], path: str | Path) -> Path:
     """Write pairs as JSONL atomically (temp file in the same folder, then rename)."""
     with atomic_file(path) as fh:
@@ -184,18 +209,21 @@ def make_negative(kind: str, state, rng: random.Random, others: list[tuple[str, 
             return text
 
 
-def bootstrap_pairs(split: str = "train", seed: int = 0, max_pairs: int | None = None) -> list[PreferencePair]:
+def bootstrap_pairs(split: str = "train", seed: int = 0, max_pairs: int | None = None,
+                    dialogues: set[str] | None = None) -> list[PreferencePair]:
     """Silver pairs from ESConv (a stand-in for ESC-Preference; see the module docstring).
 
     ``split`` is ``train`` or an ESConv-format JSONL path; the evaluation splits are refused so that
-    they stay unseen. With ``max_pairs``, a seeded sample of the eligible states is used.
+    they stay unseen. With ``max_pairs``, a seeded sample of the eligible states is used. With
+    ``dialogues`` (dialogue ids), only those dialogues give states and negatives.
     """
     if split in SPLITS and split != "train":
         raise UserError(f"--split {split}: silver pairs come from ESConv train only "
                         "(valid and test stay unseen by the reward model)")
     if max_pairs is not None and max_pairs < 1:
         raise UserError(f"--max-pairs must be >= 1, got {max_pairs}")
-    states = [s for s in load_states(split) if len(s.target.split()) >= MIN_GOLD_WORDS]
+    states = [s for s in load_states(split) if len(s.target.split()) >= MIN_GOLD_WORDS
+              and (dialogues is None or s.dialogue_id in dialogues)]
     if not states:
         raise UserError(f"{split}: no dialogue state with a gold turn of >= {MIN_GOLD_WORDS} words")
     rng = random.Random(seed)

@@ -4,10 +4,12 @@ Owns: every string the policy, the reward model and the retriever see, built as 
 messages and rendered through the tokenizer's chat template by ``render``.
 
 Departures from the paper: Appendix B gives the prompts only as figures. Ours follow their described
-content: stage 1 asks for ``<think>`` reasoning then a ``<response>``; stage 2 adds the initial
-response and k exemplars to the system message (so the history stays as chat turns and the last
-message is still the client's); the reward-model input is the history plus the candidate reply as the
-final assistant turn. Long histories keep their last ``max_turns`` turns (None keeps all).
+content: stage 1 asks for ``<think>`` reasoning then a ``<response>``; stage 2 continues the same
+conversation: the stage-1 output as the assistant's turn, then a system turn with the k exemplars and
+the instruction to write the final response (``feedback_message``), so the stage-2 input is the
+stage-1 input plus ĉ plus that turn (eq. 8's π(·|H, ĉ, E), laid out the way a multi-turn agent
+framework such as OpenRLHF builds it). The reward-model input is the history plus the candidate reply
+as the final assistant turn. Long histories keep their last ``max_turns`` turns (None keeps all).
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ FORMAT_RULE = (
     "<think></think>, then write only your reply to the client inside <response></response>."
 )
 STAGE1_SYSTEM = f"{COUNSELOR_ROLE}\n{FORMAT_RULE}"
-STAGE2_SYSTEM = (
-    f"{COUNSELOR_ROLE}\nYou wrote an initial response below. Reference exemplars from experienced "
-    "counselors follow it. Use them as guidance, not as text to copy, and write an improved final "
-    f"response.\n{FORMAT_RULE}"
+FEEDBACK_INSTRUCTION = (
+    "Above is your initial response. Below are reference exemplars from experienced counselors in "
+    "similar conversations. Use them as guidance, not as text to copy, and write an improved final "
+    f"response to the client.\n{FORMAT_RULE}"
 )
 RM_SYSTEM = (
     "Judge whether the counselor's last reply effectively addresses the client's emotional problem "
@@ -55,12 +57,16 @@ def format_exemplars(exemplars: Sequence[dict]) -> str:
     return "\n\n".join(blocks) if blocks else "(no exemplars retrieved)"
 
 
-def stage2_messages(history: Sequence[Message], initial_response: str, exemplars: Sequence[dict],
+def feedback_message(exemplars: Sequence[dict]) -> Message:
+    """The turn that opens stage 2: the retrieved exemplars E and the instruction (eq. 8)."""
+    return {"role": "system", "content": f"{FEEDBACK_INSTRUCTION}\n\n## Exemplars\n{format_exemplars(exemplars)}"}
+
+
+def stage2_messages(history: Sequence[Message], stage1_output: str, exemplars: Sequence[dict],
                     max_turns: int | None = None) -> list[Message]:
     """Prompt for the retrieval-augmented final response: c ~ π(·|H, ĉ, E) (eq. 8)."""
-    system = (f"{STAGE2_SYSTEM}\n\n## Initial response\n{initial_response.strip()}\n\n"
-              f"## Exemplars\n{format_exemplars(exemplars)}")
-    return [{"role": "system", "content": system}, *_tail(history, max_turns)]
+    return [*stage1_messages(history, max_turns), {"role": "assistant", "content": stage1_output.strip()},
+            feedback_message(exemplars)]
 
 
 def rm_messages(history: Sequence[Message], response: str, max_turns: int | None = None) -> list[Message]:

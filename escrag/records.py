@@ -4,10 +4,10 @@ Owns: ``TokenSequence``, ``Sample`` and ``ScoredGroup``. Masks are set where tok
 rollout), so the learner never works out where the retrieved exemplars or the stage-1 answer sit: it
 trains exactly the tokens whose ``loss_mask`` is 1.
 
-Paper mapping (eq. 7-11): for a dialogue state H, sample j holds the stage-2 sequence
-(prompt(H, ĉ_j, E_j) + c_j) whose completion tokens are trained with advantage A_j. When
-``rollout.train_stage1`` is on, the stage-1 sequence (prompt(H) + ĉ_j) is shipped too and trained with
-the same advantage: our option, not the paper's.
+Paper mapping (eq. 7-11): for a dialogue state H, sample j holds one sequence: the stage-1 prompt,
+ĉ_j, the feedback turn with E_j, and c_j (``rollout/episode.py``); c_j's tokens are trained with
+advantage A_j. With ``rollout.train_stage1`` ĉ_j's tokens are trained too, with the same advantage:
+our option, not the paper's. Vanilla GRPO (``rollout.rag: false``) is the prompt and c_j.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 @dataclass
 class TokenSequence:
-    """One sequence the learner scores: prompt tokens then completion tokens."""
+    """One sequence the learner scores: prompt, sampled spans and the feedback turn between them."""
 
-    input_ids: list[int]  # [T] prompt ids followed by the sampled completion ids
-    loss_mask: list[int]  # [T] 1 on sampled completion tokens that are trained, else 0
-    old_logprobs: list[float]  # [T] behaviour log-prob of each sampled token; 0.0 where mask is 0
-    stage: int = 2  # 1: initial response ĉ (eq. 7); 2: retrieval-augmented response c (eq. 8)
+    input_ids: list[int]  # [T] p1 + ĉ + feedback + c (RAG), or p1 + c (vanilla)
+    loss_mask: list[int]  # [T] 1 on the sampled tokens that are trained (c; ĉ with train_stage1)
+    old_logprobs: list[float]  # [T] behaviour log-prob (escrag.sampling) of sampled tokens; 0.0 elsewhere
+    action_ranges: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of ĉ and c
 
     def __post_init__(self):
         if not (len(self.input_ids) == len(self.loss_mask) == len(self.old_logprobs)):
@@ -33,10 +33,11 @@ class TokenSequence:
 class Sample:
     """One of the N rollouts of a group."""
 
-    sequences: list[TokenSequence]  # the stage-2 sequence; the stage-1 one first when trained
+    sequence: TokenSequence  # what the learner trains
     output: str  # final policy output (stage 2, or the single stage when rag is off)
     initial_output: str = ""  # stage-1 output ĉ ("" when rag is off)
     exemplar_ids: list[str] = field(default_factory=list)  # ids of E_j, in rank order
+    stage1_format_ok: bool = False  # ĉ parses (it then carries a response block for the query)
     reward: float = 0.0  # r = rm + format (eq. 5)
     rm_score: float = 0.0  # r_RM (eq. 2)
     format_reward: float = 0.0  # r_format (eq. 4)

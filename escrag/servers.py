@@ -1,7 +1,8 @@
 """Running the project's own HTTP services as child processes.
 
 Owns: ``free_port`` and ``ServerProcess``: ``python -m escrag serve ...`` on a free loopback port, its
-output in a log file, a wait for ``GET /health``, and a stop by pid (terminate, then kill). Jobs,
+output in a log file, a wait for ``GET /health``, a restart on the same port, and a stop by pid
+(terminate, then kill). Jobs,
 benchmarks and tests all start servers through it, so each one ends exactly the processes it started.
 """
 
@@ -15,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from escrag.errors import ServiceError
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -24,18 +27,36 @@ def free_port() -> int:
 
 class ServerProcess:
     """``escrag serve <args> --port P``; with ``timeout`` the constructor waits for /health (a
-    ``timeout`` of None returns at once: call ``wait`` later, e.g. after starting several)."""
+    ``timeout`` of None returns at once: call ``wait`` later, e.g. after starting several).
+    ``restart()`` starts the same command on the same port, so clients' URLs stay valid."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path, timeout: float | None = 180.0):
-        self.name, self.port = name, free_port()
+    def __init__(self, name: str, args: list[str], log_dir: Path, timeout: float | None = 180.0,
+                 port: int | None = None):
+        self.name, self.args, self.port = name, list(args), port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log_dir) / f"{name}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "escrag", "serve", *args, "--port", str(self.port)]
-        with self.log.open("w") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.restarts = 0
+        self._launch("w")
         if timeout is not None:
             self.wait(timeout)
+
+    def _launch(self, mode: str) -> None:
+        cmd = [sys.executable, "-m", "escrag", "serve", *self.args, "--port", str(self.port)]
+        with self.log.open(mode) as fh:
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def restart(self, timeout: float) -> ServerProcess:
+        """Stop what is left of the process, start it again on the same port, wait for /health."""
+        self.stop()
+        self.restarts += 1
+        with self.log.open("a") as fh:
+            fh.write(f"\n--- restart {self.restarts} ---\n")
+        self._launch("a")
+        return self.wait(timeout)
 
     def wait(self, timeout: float) -> ServerProcess:
         import httpx
@@ -43,14 +64,14 @@ class ServerProcess:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}; "
+                raise ServiceError(f"{self.name} server exited with {self.proc.returncode}; "
                                    f"log {self.log}:\n{self.log.read_text()[-3000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
             time.sleep(0.3)
         self.stop()
-        raise RuntimeError(f"{self.name} server not healthy after {timeout:.0f} s; log {self.log}:\n"
+        raise ServiceError(f"{self.name} server not healthy after {timeout:.0f} s; log {self.log}:\n"
                            f"{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:

@@ -1,9 +1,15 @@
 """What every HTTP service of the project shares (design section 3).
 
-Owns: bearer-token auth, the request-size limit, turning bad input into a 4xx with a JSON
-``{"detail": ...}`` (never a 500), ``GET /health`` and ``GET /metrics`` (Prometheus text from a
-registry private to each app, so several apps can live in one process), request counters and latency
-histograms, and ``serve()`` which runs uvicorn on 127.0.0.1 unless told otherwise.
+Owns: bearer-token auth, the request-size limit (the header and the streamed body alike), refusing
+JSON strings that hold malformed Unicode (lone surrogates, which would fail deep inside a tokenizer or
+an embedder, and then for every request batched with them), the one mapping from the project's error
+classes to HTTP answers, ``GET /health`` and ``GET /metrics`` (Prometheus text from a registry private
+to each app, so several apps can live in one process), request counters and latency histograms, and
+``serve()`` which runs uvicorn on 127.0.0.1 unless told otherwise.
+
+Errors -> answers, in this one place: ``UserError`` 400, pydantic validation 422, ``Overloaded`` (a
+full queue) 503 with ``Retry-After``, ``ServiceError`` (a service this one depends on failed) 502; every
+body is JSON ``{"detail": ...}`` and bad input never gets a 500.
 
 Each service keeps the vLLM shape: ``protocol.py`` (pydantic schemas), a logic class, and a
 ``build_app()`` that calls ``add_common`` and adds thin routes.
@@ -11,7 +17,9 @@ Each service keeps the vLLM shape: ``protocol.py`` (pydantic schemas), a logic c
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
 
 from fastapi import FastAPI, Request
@@ -19,11 +27,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
-from escrag.errors import UserError
+from escrag.errors import Overloaded, ServiceError, UserError
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OPEN_PATHS = ("/health", "/metrics")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 class AppMetrics:
@@ -54,38 +63,121 @@ def _detail(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def malformed_unicode(body: bytes) -> str | None:
+    """Where a JSON body holds a string with a lone surrogate (None when it holds none). Only bodies
+    with a surrogate escape are decoded, so ordinary requests pay one regex scan."""
+    if not _SURROGATE_ESCAPE.search(body):
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None  # not JSON: the route's own validation answers
+    stack = [("body", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"{where}: string holds malformed Unicode (a lone surrogate)"
+        elif isinstance(value, dict):
+            stack += [(f"{where}.{k}", v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    return None
+
+
+class Guard:
+    """ASGI middleware in front of every route: auth, body size, malformed Unicode, metrics."""
+
+    def __init__(self, app, metrics: AppMetrics, api_key: str | None, max_body_bytes: int):
+        self.app, self.metrics, self.api_key, self.max_body = app, metrics, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, path, status = time.perf_counter(), scope["path"], {}
+
+        async def counted_send(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            refusal, receive = await self._check(scope, receive)
+            await (refusal or self.app)(scope, receive, counted_send)
+        finally:
+            self.metrics.requests.labels(path, str(status.get("code", 500))).inc()
+            self.metrics.latency.labels(path).observe(time.perf_counter() - start)
+
+    async def _check(self, scope, receive):
+        """(a JSONResponse refusing the request, or None; the receive channel to pass on)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.api_key and scope["path"] not in OPEN_PATHS:
+            if headers.get("authorization", "") != f"Bearer {self.api_key}":
+                return _refuse(401, "missing or wrong bearer token"), receive
+        size = headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > self.max_body):
+            return _refuse(413, f"request body larger than {self.max_body} bytes"), receive
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return None, receive
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if len(body) > self.max_body:  # a chunked body has no content-length to check
+                return _refuse(413, f"request body larger than {self.max_body} bytes"), receive
+            if not message.get("more_body"):
+                break
+        problem = malformed_unicode(body)
+        return (_refuse(400, problem) if problem else None), _replay(body, receive)
+
+
+def _refuse(status: int, detail: str) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _replay(body: bytes, receive):
+    """The body once, then the real channel (a streaming response listens on it for a disconnect)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
 def add_common(app: FastAPI, prefix: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY, health=None) -> AppMetrics:
-    """Install auth, size limit, error shapes, /health and /metrics on ``app``; return its metrics.
+    """Install the guard, the error answers, /health and /metrics on ``app``; return its metrics.
 
     ``health`` is an optional callable returning extra fields for ``GET /health``.
     """
     api_key = api_key or os.environ.get("ESCRAG_API_KEY") or None
     metrics = AppMetrics(prefix)
     app.state.metrics = metrics
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        start = time.perf_counter()
-        path = request.url.path
-        if api_key and path not in OPEN_PATHS:
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return _count(metrics, path, start, JSONResponse(
-                    {"detail": "missing or wrong bearer token"}, status_code=401))
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > max_body_bytes):
-            return _count(metrics, path, start, JSONResponse(
-                {"detail": f"request body larger than {max_body_bytes} bytes"}, status_code=413))
-        response = await call_next(request)
-        return _count(metrics, path, start, response)
+    app.add_middleware(Guard, metrics=metrics, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError):
-        return JSONResponse({"detail": _detail(exc)}, status_code=422)
+        return _refuse(422, _detail(exc))
 
     @app.exception_handler(UserError)
     async def user_error(_: Request, exc: UserError):
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        return _refuse(400, str(exc))
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(_: Request, exc: Overloaded):
+        return JSONResponse({"detail": str(exc)}, status_code=503,
+                            headers={"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(ServiceError)
+    async def upstream(_: Request, exc: ServiceError):
+        return _refuse(502, str(exc))
 
     @app.get("/health")
     async def health_route():
@@ -96,12 +188,6 @@ def add_common(app: FastAPI, prefix: str, api_key: str | None = None,
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return metrics
-
-
-def _count(metrics: AppMetrics, path: str, start: float, response):
-    metrics.requests.labels(path, str(response.status_code)).inc()
-    metrics.latency.labels(path).observe(time.perf_counter() - start)
-    return response
 
 
 def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:

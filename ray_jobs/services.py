@@ -1,16 +1,24 @@
-"""The retriever and reward servers a job needs: use given URLs, or start them as child processes.
+"""The retriever and reward servers a job needs: use given URLs, or start them and keep them up.
 
-Owns: ``job_services`` (a context manager yielding (retriever_url,
-reward_url) and stopping only the servers it started, also on error). Servers get the job's resolved
-config file so their numbers match the job's.
+Owns: ``JobServices`` (a context manager: ``with JobServices(...) as svc: svc.urls``) that starts the
+servers a job needs as child processes unless ``retriever.url`` / ``reward.url`` are given, gives them
+the job's resolved config file so their numbers match the job's, watches the ones it started and
+restarts a dead one on the same port (so the workers' URLs stay valid and their clients' retries go
+through once it is back: nothing is lost), counts the restarts for the job's metrics, and stops only
+what it started, also on error.
+
+A server the job did not start is not restarted: when it stays down, the clients give up after
+``retriever.wait_s`` / ``reward.wait_s`` and the job stops with a clear message and a checkpoint
+(``ray_jobs/train_grpo.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
+import threading
 from pathlib import Path
 
-from escrag.errors import UserError
+from escrag.config import run_paths
+from escrag.errors import ServiceError, UserError
 from escrag.servers import ServerProcess
 
 
@@ -21,39 +29,77 @@ def _require(path: Path, what: str, how: str) -> str:
 
 
 def retriever_args(cfg, config_file: Path) -> list[str]:
-    index = Path(cfg.retriever.index_dir or Path(cfg.run.output_dir) / "index")
+    index = run_paths(cfg).index
     _require(index, "retriever index", "build it with `escrag index build` or set retriever.url")
     return ["retriever", "--index", str(index), "--config", str(config_file)]
 
 
 def reward_args(cfg, config_file: Path) -> list[str]:
-    rule = getattr(cfg.reward, "rule", None)
-    if rule:
-        return ["reward", "--rule", rule, "--config", str(config_file)]
-    head = Path(cfg.reward.head_dir or Path(cfg.run.output_dir) / "rm")
+    if cfg.reward.rule:
+        return ["reward", "--rule", cfg.reward.rule, "--config", str(config_file)]
+    head = run_paths(cfg).rm
     _require(head, "reward model", "train it with `escrag rm train` or set reward.url")
     return ["reward", "--rm", str(head), "--config", str(config_file)]
 
 
-@contextlib.contextmanager
-def job_services(cfg, config_file: Path, log_dir: Path, need_retriever: bool, log=print):
-    """Yield (retriever_url or None, reward_url); servers started here are stopped on exit."""
-    started: list[ServerProcess] = []
-    try:
-        urls = {}
-        for name, needed, url, make in (("retriever", need_retriever, cfg.retriever.url, retriever_args),
-                                        ("reward", True, cfg.reward.url, reward_args)):
-            if not needed:
-                urls[name] = None
-            elif url:
-                urls[name] = url
-            else:
-                args = make(cfg, config_file)
-                log(f"[job] starting {name} server: escrag serve {' '.join(args)}")
-                started.append(ServerProcess(name, args, log_dir, cfg.run.server_timeout_s))
-                urls[name] = started[-1].url
-                log(f"[job] {name} server up at {urls[name]} (pid {started[-1].proc.pid})")
-        yield urls["retriever"], urls["reward"]
-    finally:
-        for server in reversed(started):
+class JobServices:
+    """``urls`` maps "retriever" (None when not needed) and "reward" to base URLs."""
+
+    def __init__(self, cfg, config_file: Path, log_dir: Path, need_retriever: bool, log=print):
+        self.cfg, self.config_file, self.log_dir, self.log = cfg, config_file, Path(log_dir), log
+        self.need = {"retriever": need_retriever, "reward": True}
+        self.started: dict[str, ServerProcess] = {}
+        self.urls: dict[str, str | None] = {}
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        return {name: s.restarts for name, s in self.started.items()}
+
+    def __enter__(self) -> JobServices:
+        try:
+            given = {"retriever": self.cfg.retriever.url, "reward": self.cfg.reward.url}
+            makers = {"retriever": retriever_args, "reward": reward_args}
+            for name in ("retriever", "reward"):
+                if not self.need[name]:
+                    self.urls[name] = None
+                elif given[name]:
+                    self.urls[name] = given[name]
+                else:
+                    self.urls[name] = self._start(name, makers[name](self.cfg, self.config_file)).url
+            self._watcher = threading.Thread(target=self._watch, name="job-services", daemon=True)
+            self._watcher.start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start(self, name: str, args: list[str]) -> ServerProcess:
+        self.log(f"[job] starting {name} server: escrag serve {' '.join(args)}")
+        server = ServerProcess(name, args, self.log_dir, self.cfg.run.server_timeout_s)
+        self.started[name] = server
+        self.log(f"[job] {name} server up at {server.url} (pid {server.proc.pid})")
+        return server
+
+    def _watch(self) -> None:
+        """Restart a started server that died, on its port; clients retry meanwhile."""
+        while not self._stop.wait(self.cfg.run.supervise_s):
+            for name, server in self.started.items():
+                if server.alive() or self._stop.is_set():
+                    continue
+                self.log(f"[job] {name} server (pid {server.proc.pid}) exited with {server.proc.returncode}; "
+                         f"restarting it on {server.url}")
+                try:
+                    server.restart(self.cfg.run.server_timeout_s)
+                    self.log(f"[job] {name} server back at {server.url} (pid {server.proc.pid}, "
+                             f"restart {server.restarts})")
+                except ServiceError as exc:  # the next poll tries again; clients keep retrying
+                    self.log(f"[job] {name} server restart failed: {str(exc).splitlines()[0]}")
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=30)
+        for server in reversed(list(self.started.values())):
             server.stop()

@@ -3,7 +3,7 @@ of ``ray job submit -- python -m ray_jobs.train_rm --config FILE``).
 
 Owns: choosing the pairs file and the output folder from the config, then calling
 ``reward_server.train.train_reward_model``. Pairs: ``--pairs``, else ``reward.pairs``, else silver
-pairs bootstrapped from ESConv train into ``<output_dir>/prefs/silver-train.jsonl`` (reused when it
+pairs bootstrapped from ESConv train into ``run_paths(cfg).pairs`` (reused when it
 exists). Output: ``--out``, else ``reward.head_dir``, else ``<output_dir>/rm``.
 
 By default the work runs in this process (the head trains in seconds once features are cached; a
@@ -19,20 +19,20 @@ import os
 import sys
 from pathlib import Path
 
-from escrag.config import load_config, output_path
+from escrag.config import load_config, output_path, run_paths
 from escrag.errors import run_main
 
 
 def resolve_pairs(cfg, pairs: str | None = None) -> Path:
-    """The pairs file to train on, bootstrapping silver pairs once when none is configured."""
-    from escrag.pairs import bootstrap_pairs, write_pairs
-
-    if pairs or cfg.reward.pairs:
-        return Path(pairs or cfg.reward.pairs)
-    path = output_path(cfg, "prefs", "silver-train.jsonl")
+    """The pairs file to train on: ``--pairs``, else the pipeline's pairs stage (``reward.pairs``, or
+    silver pairs bootstrapped once into ``run_paths(cfg).pairs``)."""
+    if pairs:
+        return Path(pairs)
+    path = run_paths(cfg).pairs
     if not path.is_file():
-        write_pairs(bootstrap_pairs("train", cfg.run.seed), path)
-        print(f"bootstrapped silver pairs (a stand-in for ESC-Preference) into {path}")
+        from ray_jobs.pipeline import make_pairs
+
+        make_pairs(cfg)
     return path
 
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def job() -> int:
         cfg = load_config(args.config, args.override)
-        out = Path(args.out or cfg.reward.head_dir or output_path(cfg, "rm"))
+        out = Path(args.out or run_paths(cfg).rm)
         metrics = run(cfg, resolve_pairs(cfg, args.pairs), out, args.ray)
         print(json.dumps({k: v for k, v in metrics.items() if k != "epochs"}, indent=2))
         return 0

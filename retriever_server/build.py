@@ -11,28 +11,23 @@ import sys
 import time
 from pathlib import Path
 
-from escrag.config import load_config, output_path
+from escrag.config import load_config, run_paths
 from retriever_server.corpus import build_corpus, embed_text
-
-
-def index_dir(cfg) -> Path:
-    """Where the index lives: ``retriever.index_dir``, else ``<output_dir>/index``."""
-    return Path(cfg.retriever.index_dir) if cfg.retriever.index_dir else output_path(cfg, "index")
 
 
 def build_index(cfg, out: str | Path | None = None, source: str | None = None, pairs: str | None = None,
                 limit: int | None = None) -> Path:
     """Build the corpus of ``source`` (default ``retriever.source``), embed it with
     ``retriever.embedder``, index it with ``retriever.index_type`` and save it to ``out``
-    (default ``index_dir(cfg)``); ``limit`` keeps the first N chunks. Returns the folder."""
+    (default ``run_paths(cfg).index``); ``limit`` keeps the first N chunks. Returns the folder."""
     from escrag.embed import load_embedder
     from retriever_server.index import check_target, make_faiss_index, save_index
 
     rc = cfg.retriever
-    out = Path(out or index_dir(cfg))
+    out = Path(out or run_paths(cfg).index)
     check_target(out)  # fail before the slow part
     chunks = build_corpus(cfg, source, pairs, limit)
-    embedder = load_embedder(rc.embedder)
+    embedder = load_embedder(rc.embedder, rc.device)
     vectors = embedder.encode([embed_text(c) for c in chunks], rc.embed_batch_size, progress=len(chunks) > 256)
     index = make_faiss_index(vectors, rc.index_type, rc)
     return save_index(out, index, chunks, embedder.name, rc.index_type)

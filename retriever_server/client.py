@@ -1,27 +1,38 @@
 """Async client of the retriever service, used by the rollout and the counselor API.
 
-Owns: ``RetrieverClient.retrieve(queries, k)`` over ``escrag.http_client.AsyncJsonClient`` (total
-timeout per call, bounded retries with backoff on connection errors and 5xx, a ``ServiceError``
-naming the URL after the last try) plus a check that the answer has one hit list per query.
+Owns: ``RetrieverClient.retrieve(queries, k, exclude_dialogue_ids)`` over
+``escrag.http_client.AsyncJsonClient`` (timeout per attempt, retries with backoff on connection errors,
+429 and 5xx for up to ``retriever.wait_s``, a ``ServiceError`` naming the URL after the last try) plus
+a check that the answer has one hit list per query.
 """
 
 from __future__ import annotations
 
+import os
+
+from escrag.config import RetrieverConfig
 from escrag.http_client import AsyncJsonClient, ServiceError
 
 
 class RetrieverClient:
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 30.0, retries: int = 3,
-                 backoff: float = 0.5):
+    def __init__(self, url: str, rc: RetrieverConfig | None = None, api_key: str | None = None):
+        """``rc`` gives timeout_s, wait_s and backoff_s (default: the config's defaults); the bearer
+        token is ``api_key``, else ``$ESCRAG_API_KEY`` (the servers read the same variable)."""
+        rc = rc or RetrieverConfig()
         self.url = url.rstrip("/")
-        self._http = AsyncJsonClient(self.url, api_key=api_key, timeout=timeout, retries=retries,
-                                     backoff=backoff)
+        key = api_key if api_key is not None else os.environ.get("ESCRAG_API_KEY")
+        self._http = AsyncJsonClient(self.url, key, rc.timeout_s, rc.wait_s, rc.backoff_s)
 
-    async def retrieve(self, queries: list[str], k: int = 3) -> list[list[dict]]:
-        """Top-k exemplars per query, best first: dicts with id, history, response, score."""
+    async def retrieve(self, queries: list[str], k: int, exclude_dialogue_ids: list[str | None] | None = None
+                       ) -> list[list[dict]]:
+        """Top-k exemplars per query, best first: dicts with id, history, response, score; none from
+        the dialogue ``exclude_dialogue_ids[i]`` names for query i."""
         if not queries:
             return []
-        answer = await self._http.post("/retrieve", {"queries": list(queries), "k": k, "return_scores": True})
+        payload = {"queries": list(queries), "k": k, "return_scores": True}
+        if exclude_dialogue_ids and any(exclude_dialogue_ids):
+            payload["exclude_dialogue_ids"] = list(exclude_dialogue_ids)
+        answer = await self._http.post("/retrieve", payload)
         results = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(results, list) or len(results) != len(queries):
             raise ServiceError(f"POST {self.url}/retrieve: expected 'results' with {len(queries)} lists, "

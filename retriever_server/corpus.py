@@ -1,7 +1,8 @@
 """The exemplar corpus: chunks of (short history, counselor response) with their provenance.
 
 Owns: turning ESConv train dialogues or ESC-Preference pairs into chunks, dropping duplicates and
-very short responses, refusing the test split, and the checksum that the index manifest records.
+very short responses, refusing the test split (and any pair from it), and the checksum that the index
+manifest records.
 
 A chunk is ``{"id", "history", "response", "dialogue_id", "strategy", "source"}``; ``history`` is
 the last ``chunk_turns`` turns as "Client: ... / Counselor: ..." lines (``escrag.prompts.chunk_history``)
@@ -43,27 +44,21 @@ def esconv_chunks(split: str, test_split: str, turns: int, chars: int) -> list[d
              "source": "esconv"} for s in load_states(split)]
 
 
-def _is_test(prov: dict, test_split: str) -> bool:
-    """Whether a pair's provenance names the test split (``split`` or a ``test-`` dialogue id)."""
-    return prov.get("split") == test_split or str(prov.get("dialogue_id", "")).startswith(f"{test_split}-")
-
-
 def pref_chunks(path: str | Path, test_split: str, turns: int, chars: int) -> list[dict]:
-    """One chunk per pair outside the test split: its history and the preferred (``chosen``) reply."""
-    from escrag.pairs import load_pairs
+    """One chunk per pair: its history and the preferred (``chosen``) reply. A pair from the test split
+    is refused (``escrag.pairs.refuse_split``), never skipped in silence."""
+    from escrag.pairs import load_pairs, refuse_split
 
+    pairs = load_pairs(path)
+    refuse_split(pairs, test_split, f"the retrieval index ({path})")
     chunks = []
-    for pair in load_pairs(path):
+    for pair in pairs:
         prov = pair.provenance
-        if _is_test(prov, test_split):
-            continue
         strategy = prov.get("strategy", "")
         chunks.append({"id": pair.id, "history": chunk_history(pair.history, turns, chars),
                        "response": pair.chosen.strip(), "dialogue_id": str(prov.get("dialogue_id", "")),
                        "strategy": ",".join(strategy) if isinstance(strategy, list) else str(strategy),
                        "source": "prefs"})
-    if not chunks:
-        raise UserError(f"{path}: no preference pairs outside the test split")
     return chunks
 
 

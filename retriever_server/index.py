@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import faiss
@@ -66,6 +67,8 @@ class VectorIndex:
 
     def __init__(self, index: faiss.Index, chunks: list[dict], manifest: dict):
         self.index, self.chunks, self.manifest = index, chunks, manifest
+        per_dialogue = Counter(c.get("dialogue_id") for c in chunks if c.get("dialogue_id"))
+        self.max_per_dialogue = max(per_dialogue.values(), default=0)  # chunks one exclusion can remove
 
     @property
     def count(self) -> int:

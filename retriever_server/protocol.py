@@ -8,7 +8,7 @@ characters per query) are checked by the service, which knows the config.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 MAX_K = 50
 
@@ -19,6 +19,15 @@ class RetrieveRequest(BaseModel):
     queries: list[StrictStr] = Field(min_length=1)  # one search per query, answered in order
     k: StrictInt | None = Field(default=None, ge=1, le=MAX_K)  # None: the server's retriever.k
     return_scores: StrictBool = True
+    # one per query (or none): never return chunks of that dialogue (training excludes the state's own)
+    exclude_dialogue_ids: list[StrictStr | None] | None = None
+
+    @model_validator(mode="after")
+    def _one_exclusion_per_query(self):
+        if self.exclude_dialogue_ids is not None and len(self.exclude_dialogue_ids) != len(self.queries):
+            raise ValueError(f"exclude_dialogue_ids: {len(self.exclude_dialogue_ids)} entries for "
+                             f"{len(self.queries)} queries")
+        return self
 
 
 class Hit(BaseModel):

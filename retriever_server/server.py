@@ -14,32 +14,26 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from escrag.batching import QueueFull
 from escrag.config import load_config
-from escrag.serving import DEFAULT_MAX_BODY, add_common, serve
+from escrag.serving import add_common, serve
 from retriever_server.protocol import RetrieveRequest
 from retriever_server.service import RetrieverService
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)
 
 
-def build_app(service: RetrieverService, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY) -> FastAPI:
+def build_app(service: RetrieverService, api_key: str | None = None) -> FastAPI:
     """The FastAPI app over ``service`` (state: ``app.state.service``, ``app.state.metrics``)."""
     app = FastAPI(title="escrag retriever", docs_url=None, redoc_url=None)
     app.state.service = service
-    metrics = add_common(app, "retriever", api_key, max_body_bytes, health=service.health)
+    metrics = add_common(app, "retriever", api_key, service.rc.max_body_bytes, health=service.health)
     batch_sizes = metrics.histogram("retriever_batch_size", "queries per embedding batch", BATCH_BUCKETS)
     queries = metrics.counter("retriever_queries", "queries answered")
     service.batcher.on_batch = batch_sizes.observe
 
     @app.post("/retrieve")
     async def retrieve(req: RetrieveRequest):
-        try:
-            results = await service.retrieve(req.queries, req.k, req.return_scores)
-        except QueueFull as exc:
-            return JSONResponse({"detail": f"retriever overloaded: {exc}"}, status_code=503,
-                                headers={"Retry-After": "1"})
+        results = await service.retrieve(req.queries, req.k, req.return_scores, req.exclude_dialogue_ids)
         queries.inc(len(req.queries))
         return JSONResponse({"results": results})
 
@@ -54,7 +48,7 @@ def load_service(index: str, embedder: str | None, cfg) -> RetrieverService:
     spec = embedder or cfg.retriever.embedder
     check_embedder(index, read_manifest(index), spec)
     vector_index = load_index(index, spec, cfg.retriever)
-    return RetrieverService(vector_index, load_embedder(spec), cfg.retriever)
+    return RetrieverService(vector_index, load_embedder(spec, cfg.retriever.device), cfg.retriever)
 
 
 def main(args) -> int:

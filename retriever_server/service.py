@@ -2,7 +2,9 @@
 
 Owns: ``RetrieverService``. Queries from concurrent requests go through one ``MicroBatcher``; each
 batch is embedded in one call and searched with one FAISS call (at the largest k of the batch, then
-cut per query), so many single-query clients cost about what one batched caller does.
+cut per query), so many single-query clients cost about what one batched caller does. A query may
+name a dialogue whose chunks it must not get back (training excludes the state's own dialogue): the
+search then asks for k + the most chunks any one dialogue has, so k hits survive the filter exactly.
 ``search_batch`` is the same work without the batcher, for in-process callers and the benchmark.
 
 Paper mapping: eq. 8's retriever R(ĉ): the query is the stage-1 response text, a hit is a chunk
@@ -31,16 +33,26 @@ class RetrieverService:
         return {"count": self.index.count, "embedder": self.embedder.name, "dim": self.embedder.dim,
                 "index_type": m["index_type"], "built_at": m.get("built_at"), "k": self.rc.k}
 
-    def search_batch(self, items: list[tuple[str, int]]) -> list[list[dict]]:
-        """(query, k) pairs -> hits per query, best first: one embed call and one FAISS search."""
+    def search_batch(self, items: list[tuple[str, int, str | None]]) -> list[list[dict]]:
+        """(query, k, excluded dialogue id or None) -> hits per query, best first: one embed call
+        and one FAISS search."""
         if not items:
             return []
-        vectors = self.embedder.encode([q for q, _ in items], batch_size=self.rc.embed_batch_size)
-        scores, rows = self.index.search(vectors, max(k for _, k in items))
-        chunks = self.index.chunks
-        return [[{"id": chunks[r]["id"], "history": chunks[r]["history"], "response": chunks[r]["response"],
-                  "score": float(s)} for s, r in zip(srow[:k], rrow[:k]) if r >= 0]
-                for (_, k), srow, rrow in zip(items, scores, rows)]
+        vectors = self.embedder.encode([q for q, _, _ in items], batch_size=self.rc.embed_batch_size)
+        extra = self.index.max_per_dialogue if any(x for _, _, x in items) else 0
+        scores, rows = self.index.search(vectors, max(k for _, k, _ in items) + extra)
+        return [self._hits(srow, rrow, k, excluded) for (_, k, excluded), srow, rrow in zip(items, scores, rows)]
+
+    def _hits(self, scores, rows, k: int, excluded: str | None) -> list[dict]:
+        chunks, hits = self.index.chunks, []
+        for s, r in zip(scores, rows):
+            if r < 0 or (excluded and chunks[r].get("dialogue_id") == excluded):
+                continue
+            hits.append({"id": chunks[r]["id"], "history": chunks[r]["history"],
+                         "response": chunks[r]["response"], "score": float(s)})
+            if len(hits) == k:
+                break
+        return hits
 
     def check(self, queries: list[str], k: int | None) -> int:
         """Limits that depend on the config; returns the effective k."""
@@ -53,11 +65,12 @@ class RetrieverService:
                 raise UserError(f"queries[{i}]: longer than {self.rc.max_query_chars} characters ({len(q)})")
         return self.rc.k if k is None else k
 
-    async def retrieve(self, queries: list[str], k: int | None = None,
-                       return_scores: bool = True) -> list[list[dict]]:
+    async def retrieve(self, queries: list[str], k: int | None = None, return_scores: bool = True,
+                       exclude_dialogue_ids: list[str | None] | None = None) -> list[list[dict]]:
         """Top-k chunks per query, through the micro-batcher (raises ``QueueFull`` when saturated)."""
         k = self.check(queries, k)
-        results = await self.batcher.submit([(q, k) for q in queries])
+        excluded = exclude_dialogue_ids or [None] * len(queries)
+        results = await self.batcher.submit([(q, k, x) for q, x in zip(queries, excluded)])
         if not return_scores:
             results = [[{key: v for key, v in hit.items() if key != "score"} for hit in hits] for hits in results]
         return results

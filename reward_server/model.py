@@ -28,7 +28,7 @@ from pathlib import Path
 from escrag import prompts
 from escrag.atomic import atomic_file, write_json
 from escrag.errors import UserError
-from escrag.models import resolve_model, torch_dtype
+from escrag.models import resolve_device, resolve_model, torch_dtype
 
 HEAD_FILE, MANIFEST_FILE = "head.safetensors", "manifest.json"
 FORMAT_VERSION = 1
@@ -60,14 +60,15 @@ class Backbone:
     """The frozen f_θ with its tokenizer; ``features`` counts every sequence it runs."""
 
     def __init__(self, spec: str, dtype: str = "float32", max_length: int = 1024,
-                 max_turns: int | None = None):
+                 max_turns: int | None = None, device: str = "cpu"):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve_model(spec)
         self.spec, self.dtype, self.max_length, self.max_turns = spec, dtype, max_length, max_turns
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype)).eval()
+        self.device = resolve_device(device)
+        self.model = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype)).to(self.device).eval()
         self.model.requires_grad_(False)
         self.hidden_size = int(self.model.config.hidden_size)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -105,9 +106,9 @@ class Backbone:
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
         with torch.inference_mode():
-            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            hidden = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
         self.forward_passes += len(seqs)
-        return hidden[torch.arange(len(seqs)), lengths - 1].float()
+        return hidden[torch.arange(len(seqs)), lengths - 1].float().cpu()
 
 
 # --------------------------------------------------------------------------- head folder
@@ -180,11 +181,11 @@ class RewardModel:
         self.manifest = manifest or {}
 
     @classmethod
-    def load(cls, head_dir: str | Path, backbone_spec: str | None = None) -> RewardModel:
+    def load(cls, head_dir: str | Path, backbone_spec: str | None = None, device: str = "cpu") -> RewardModel:
         weight, bias, manifest = load_head(head_dir)
         check_backbone(manifest, head_dir, backbone_spec)
         backbone = Backbone(backbone_spec or manifest["backbone"], manifest["dtype"], manifest["max_length"],
-                            manifest.get("max_history_turns"))
+                            manifest.get("max_history_turns"), device)
         if backbone.hidden_size != manifest["hidden_size"]:
             raise UserError(f"{head_dir}: head has {manifest['hidden_size']} inputs, backbone hidden size is "
                             f"{backbone.hidden_size}")

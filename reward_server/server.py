@@ -3,31 +3,24 @@
 Owns: ``build_app(service)`` (thin routes over ``RewardService``; auth, size limit, 4xx shapes,
 ``/health`` and ``/metrics`` from ``escrag.serving.add_common``) and the CLI handler ``main``.
 Routes: ``POST /score``, ``POST /get_reward``, ``GET /health``, ``GET /metrics``; shapes in
-``reward_server.protocol``. A full queue answers 503 with ``Retry-After``.
+``reward_server.protocol``. A full queue answers 503 with ``Retry-After`` (``escrag.serving``).
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from escrag.config import load_config
-from escrag.serving import DEFAULT_MAX_BODY, add_common, serve
+from escrag.serving import add_common, serve
 from reward_server.protocol import GetRewardRequest, ScoreRequest, ScoreResponse
-from reward_server.service import Busy, RewardService
+from reward_server.service import RewardService
 
 
-def build_app(service: RewardService, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY) -> FastAPI:
+def build_app(service: RewardService, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="escrag reward server", docs_url=None, redoc_url=None)
-    metrics = add_common(app, "escrag_reward", api_key, max_body_bytes, health=service.info)
+    metrics = add_common(app, "escrag_reward", api_key, service.rc.max_body_bytes, health=service.info)
     service.attach_metrics(metrics)
     app.state.service = service
-
-    @app.exception_handler(Busy)
-    async def busy(_: Request, exc: Busy):
-        return JSONResponse({"detail": str(exc)}, status_code=503,
-                            headers={"Retry-After": str(exc.retry_after)})
 
     @app.post("/score", response_model=ScoreResponse)
     async def score(req: ScoreRequest):

@@ -4,7 +4,7 @@ Owns: ``RewardService``. Each item's output is parsed once: the format reward co
 ``escrag.formats.format_reward``; the scorer sees ``escrag.formats.response_text`` (the ``<response>``
 block when the format parses, else the whole output). Items of concurrent requests are coalesced by
 ``escrag.batching.MicroBatcher`` into scorer batches of at most ``max_batch``; when more than
-``max_queue`` items wait, ``score`` raises ``Busy`` (HTTP 503 + Retry-After).
+``max_queue`` items wait, ``score`` raises ``QueueFull`` (HTTP 503 + Retry-After).
 
 The scorer is the reward model (``RewardModel.score``) or a rule from ``reward_server.rules``; both
 take a list of (history, response text) and return (scores, truncated flags). No torch import here.
@@ -23,14 +23,6 @@ Scorer = Callable[[list[tuple[list[dict], str]]], tuple[list[float], list[bool]]
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-class Busy(RuntimeError):
-    """Too many items are waiting; retry after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: int = 1):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
 def rule_scorer(rule) -> Scorer:
     def score(items):
         return [float(rule(h, text)) for h, text in items], [False] * len(items)
@@ -39,12 +31,13 @@ def rule_scorer(rule) -> Scorer:
 
 
 class RewardService:
-    def __init__(self, scorer: Scorer, name: str, max_batch: int = 32, max_wait_ms: float = 5.0,
-                 max_queue: int = 1024, info: dict | None = None):
-        self.scorer, self.name, self.max_queue = scorer, name, max_queue
-        self.batcher = MicroBatcher(self._run_batch, max_batch, max_wait_ms, max_queue, on_batch=self._on_batch)
-        self._info = {"scorer": name, "max_batch": max_batch, "max_wait_ms": max_wait_ms,
-                      "max_queue": max_queue, **(info or {})}
+    def __init__(self, scorer: Scorer, name: str, rc, info: dict | None = None):
+        """``rc`` is the ``RewardConfig`` (micro-batching and queue limits)."""
+        self.scorer, self.name, self.rc, self.max_queue = scorer, name, rc, rc.max_queue
+        self.batcher = MicroBatcher(self._run_batch, rc.max_batch, rc.max_wait_ms, rc.max_queue,
+                                    on_batch=self._on_batch)
+        self._info = {"scorer": name, "max_batch": rc.max_batch, "max_wait_ms": rc.max_wait_ms,
+                      "max_queue": rc.max_queue, **(info or {})}
         self.stats = {"items": 0, "batches": 0, "truncations": 0, "queue_full": 0}
         self._prom = None
 
@@ -52,16 +45,16 @@ class RewardService:
     def from_rule(cls, spec: str, rc) -> RewardService:
         from reward_server.rules import parse_rule
 
-        return cls(rule_scorer(parse_rule(spec)), f"rule:{spec}", rc.max_batch, rc.max_wait_ms, rc.max_queue)
+        return cls(rule_scorer(parse_rule(spec)), f"rule:{spec}", rc)
 
     @classmethod
     def from_rm(cls, head_dir: str, rc, backbone: str | None = None) -> RewardService:
         from reward_server.model import RewardModel
 
-        rm = RewardModel.load(head_dir, backbone)
+        rm = RewardModel.load(head_dir, backbone, rc.device)
         info = {"backbone": rm.manifest["backbone"], "max_length": rm.manifest["max_length"],
                 "head_dir": str(head_dir)}
-        return cls(rm.score, "rm", rc.max_batch, rc.max_wait_ms, rc.max_queue, info)
+        return cls(rm.score, "rm", rc, info)
 
     def attach_metrics(self, metrics) -> None:
         """Export batch sizes, items, truncations and 503s on an ``escrag.serving.AppMetrics``."""
@@ -101,9 +94,9 @@ class RewardService:
         jobs = [(list(it["history"]), response_text(o)) for it, o in zip(items, outputs)]
         try:
             results = await self.batcher.submit(jobs)
-        except QueueFull as exc:
+        except QueueFull:
             self._count("queue_full")
-            raise Busy(f"reward server busy: {exc}; retry shortly") from None
+            raise
         self._count("items", len(items))
         rm = [float(s) for s, _ in results]
         return {"rewards": [r + f for r, f in zip(rm, fmt)], "rm_scores": rm, "format_rewards": fmt}

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from escrag.atomic import write_json
 from escrag.config import load_config
 from escrag.errors import UserError
-from escrag.pairs import PreferencePair, load_pairs
+from escrag.pairs import PreferencePair, load_pairs, refuse_split
 
 
 def rm_loss(r_pos, r_neg, center_coef: float):
@@ -132,11 +132,12 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
 
     rc, seed = cfg.reward, cfg.run.seed
     pairs = load_pairs(pairs_path)
+    refuse_split(pairs, cfg.data.test, f"the reward-model trainer ({pairs_path})")
     if rc.max_pairs and len(pairs) > rc.max_pairs:
         pairs = random.Random(seed).sample(pairs, rc.max_pairs)
     train, held = split_pairs(pairs, rc.heldout_fraction, seed)
     log(f"{len(train)} training pairs, {len(held)} held-out pairs; backbone {rc.backbone} ({rc.dtype})")
-    backbone = Backbone(rc.backbone, rc.dtype, rc.max_length, cfg.data.max_history_turns)
+    backbone = Backbone(rc.backbone, rc.dtype, rc.max_length, cfg.data.max_history_turns, rc.device)
     t0 = time.perf_counter()
     x_train, stats = _features(cfg, backbone, train)
     x_held, stats_h = _features(cfg, backbone, held)
@@ -146,7 +147,9 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
     final = pair_metrics(weight, bias, *x_train, rc.center_coef)
     manifest = {"backbone": rc.backbone, "backbone_fingerprint": backbone.fingerprint, "dtype": rc.dtype,
                 "max_length": rc.max_length, "max_history_turns": cfg.data.max_history_turns,
-                "pooling": "last_token", "pairs": str(pairs_path), "center_coef": rc.center_coef}
+                "pooling": "last_token", "pairs": str(pairs_path), "center_coef": rc.center_coef,
+                # the dialogues it saw (held-out pairs included): the evaluation's proxy RM avoids them
+                "dialogue_ids": sorted({p.group for p in pairs})}
     metrics = {
         "pairs_file": str(pairs_path), "n_train": len(train), "n_heldout": len(held), "epochs": epochs,
         "heldout_accuracy": epochs[-1]["heldout_accuracy"], "heldout_margin": epochs[-1]["heldout_margin"],

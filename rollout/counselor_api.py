@@ -1,120 +1,112 @@
 """RAG inference (Algorithm 1, lines 18-23) as an OpenAI-compatible counselor service.
 
-Owns: ``rag_answer`` (one history -> stage 1 -> retrieve -> stage 2 -> safety check -> answer dict,
-also called by the demo job), ``build_app`` (``POST /v1/chat/completions``, ``GET /v1/models``, plus
-``escrag.serving.add_common``) and ``main`` for ``escrag serve counselor``.
+Owns: ``CounselorService`` (one history -> ``rollout.episode.answer`` -> safety check -> the reply),
+``build_app`` (``POST /v1/chat/completions``, ``GET /v1/models``, plus ``escrag.serving.add_common``)
+and ``main`` for ``escrag serve counselor``. The two-stage path is the episode module's; this module
+only chooses what generates: a local policy (``--policy SPEC``) through its engine, or any remote
+OpenAI-compatible model (``--endpoint URL --endpoint-model NAME``), so a baseline such as GPT-4o gets
+the project's retriever exactly as the trained policy does.
 
-The reply's ``choices[0].message.content`` is the final response text (the ``<response>`` block of
-the stage-2 output; when the output does not parse, its text with the tags removed, or the stage-1
-response if that is empty too). A top-level ``escrag`` field carries ``think``, ``initial``,
-``exemplars``, ``risk`` ("none" | "elevated" | "high"), ``reasons`` and the raw output. Every reply
-passes ``escrag.safety`` (docs/safety.md): at high risk it is a supportive reply that names where
-to get help now in ``safety.locale``.
+The reply's ``choices[0].message.content`` is the final response text (``escrag.formats.reply_text``
+of the final output, or the stage-1 response when that is empty). A top-level ``escrag`` field carries
+``think``, ``initial``, ``exemplars``, ``risk`` ("none" | "elevated" | "high"), ``reasons``,
+``categories``, the raw ``output`` and ``format_ok``. Every reply passes ``escrag.safety`` over the
+whole conversation (docs/safety.md): at high risk it is a supportive reply that names where to get
+help now in ``safety.locale``.
 
 Streaming (``stream: true``) sends the final response text as SSE chunks once both stages are done:
-the stage-2 output starts with the think block and must pass the safety check, so nothing can be
-sent earlier. The last chunk carries ``finish_reason`` and the ``escrag`` field.
+the final output starts with the think block and must pass the safety check, so nothing can be sent
+earlier. The last chunk carries ``finish_reason`` and the ``escrag`` field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
 import uuid
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from escrag.config import Config
-from escrag.data import DialogueState
+from escrag.endpoints import ChatEndpoint
 from escrag.errors import UserError
-from escrag.formats import parse_output, response_text
-from escrag.http_client import ServiceError
-from escrag.prompts import stage1_messages, stage2_messages
 from escrag.safety import RiskClassifier, safety_reply
 from rollout.counselor_protocol import ChatCompletionRequest
 from rollout.engine import SamplingParams
-from rollout.episode import as_scheduler, prompt_ids, retrieval_query, sampling_params
+from rollout.episode import answer, as_scheduler, engine_chat
 
-_TAG = re.compile(r"</?(think|response)>")
-_CLASSIFIERS: dict[str, RiskClassifier] = {}
-
-
-def reply_text(output: str, fallback: str = "") -> str:
-    """The client-facing text of a policy output (module doc)."""
-    parsed = parse_output(output)
-    if parsed.ok:
-        return parsed.response
-    if "<response>" in output:
-        output = output.split("<response>", 1)[1].split("</response>", 1)[0]
-    return _TAG.sub("", output).strip() or fallback.strip()
+ESCRAG_FIELDS = ("think", "initial", "exemplars", "risk", "reasons", "categories", "output", "format_ok")
 
 
-def _classifier(cfg: Config) -> RiskClassifier:
-    key = repr(cfg.safety)
-    if key not in _CLASSIFIERS:
-        _CLASSIFIERS[key] = RiskClassifier.from_config(cfg)
-    return _CLASSIFIERS[key]
+class CounselorService:
+    """Answers conversations with a local engine (``engine``) or a remote model (``endpoint``)."""
+
+    def __init__(self, cfg: Config, classifier: RiskClassifier, retriever=None, engine=None,
+                 endpoint: ChatEndpoint | None = None):
+        if (engine is None) == (endpoint is None):
+            raise UserError("give a local policy or a remote endpoint, not both or neither")
+        self.cfg, self.classifier, self.retriever = cfg, classifier, retriever
+        self.sched = as_scheduler(engine, cfg.rollout.max_batch) if engine is not None else None
+        self.endpoint = endpoint
+
+    def health(self) -> dict:
+        version = getattr(getattr(self.sched, "engine", self.sched), "version", None)
+        return {"rag": self.retriever is not None, "weights_version": version,
+                "endpoint_model": self.endpoint.cfg.model if self.endpoint else None}
+
+    def check(self, history: list[dict]) -> None:
+        limit = self.cfg.counselor.max_history_chars
+        size = sum(len(m["content"]) for m in history)
+        if size > limit:
+            raise UserError(f"messages: the conversation holds {size} characters, more than this server's "
+                            f"limit of {limit} (counselor.max_history_chars)")
+
+    async def respond(self, req: ChatCompletionRequest) -> dict:
+        history = req.history()
+        self.check(history)
+        usage: dict = {}
+        ans = await answer(history, self._chat(req, usage), self.retriever, self.cfg,
+                           rag=self.retriever is not None, seed=req.seed)
+        risk = self.classifier.assess(history)
+        ans.update(risk.to_dict(), response=safety_reply(ans["response"], risk, self.cfg.safety),
+                   finish_reason=usage.pop("finish_reason", "stop"))
+        ans["usage"] = {"prompt_tokens": usage.get("prompt_tokens", 0),
+                        "completion_tokens": usage.get("completion_tokens", 0)}
+        return ans
+
+    def _chat(self, req: ChatCompletionRequest, usage: dict):
+        """The chat function for one request; ``max_tokens`` caps the final answer: stage 2 with RAG,
+        the only stage without it."""
+        ro = self.cfg.rollout
+        changes = {"temperature": req.temperature, "top_p": req.top_p}
+        final = 2 if self.retriever is not None else 1
+        params = {s: SamplingParams.from_config(ro, s, **changes,
+                                                max_new_tokens=req.new_tokens() if s == final else None)
+                  for s in (1, 2)}
+        if self.sched is not None:
+            return engine_chat(self.sched, self.cfg, params, usage)
+        return self._endpoint_chat(params, usage)
+
+    def _endpoint_chat(self, params: dict[int, SamplingParams], usage: dict):
+        """A ``Chat`` over a remote OpenAI-compatible model (``escrag.endpoints``: its concurrency and
+        rate limits, retries and accounting). No ``stop`` is sent: such servers drop the stop sequence
+        from the text, which would cut ``</response>`` off the format."""
+        async def chat(messages: list[dict], stage: int, seed: int | None) -> str:
+            p = params[stage]
+            result = await self.endpoint.chat(messages, temperature=p.temperature, top_p=p.top_p,
+                                              max_tokens=p.max_new_tokens, seed=seed, tag=f"stage{stage}")
+            usage["prompt_tokens"] = usage.get("prompt_tokens", 0) + result.prompt_tokens
+            usage["completion_tokens"] = usage.get("completion_tokens", 0) + result.completion_tokens
+            usage["finish_reason"] = result.raw["choices"][0].get("finish_reason") or "stop"
+            return result.text
+
+        return chat
 
 
-def _history(state_or_history) -> list[dict]:
-    history = state_or_history.history if isinstance(state_or_history, DialogueState) else state_or_history
-    if not history or history[-1].get("role") != "user":
-        raise UserError("history must be non-empty and end with a client ('user') turn")
-    return [{"role": m["role"], "content": m["content"]} for m in history]
-
-
-async def rag_answer(state_or_history, engine, retriever_client, cfg: Config,
-                     classifier: RiskClassifier | None = None, params1: SamplingParams | None = None,
-                     params2: SamplingParams | None = None) -> dict:
-    """Answer one dialogue state. ``retriever_client=None`` gives a one-stage answer (no RAG).
-    ``classifier=None`` uses the one ``cfg.safety`` describes (loaded once per process)."""
-    history = _history(state_or_history)
-    sched, turns = as_scheduler(engine, cfg.rollout.max_batch), cfg.data.max_history_turns
-    p1 = prompt_ids(sched.tokenizer, stage1_messages(history, turns))
-    (g1,) = await sched.generate([p1], params1 or sampling_params(cfg, 1))
-    final, initial, exemplars, prompt_tokens = g1, "", [], len(p1)
-    if retriever_client is not None:
-        initial = response_text(g1.text)
-        (exemplars,) = await retriever_client.retrieve([retrieval_query(g1.text, history)],
-                                                       k=cfg.retriever.k)
-        p2 = prompt_ids(sched.tokenizer, stage2_messages(history, initial, exemplars, turns))
-        (final,) = await sched.generate([p2], params2 or sampling_params(cfg, 2))
-        prompt_tokens += len(p2)
-    risk = (classifier or _classifier(cfg)).assess(history)
-    parsed = parse_output(final.text)
-    return {
-        "response": safety_reply(reply_text(final.text, fallback=initial), risk, cfg.safety),
-        "think": parsed.think if parsed.ok else "",
-        "initial": initial,
-        "initial_output": g1.text if retriever_client is not None else "",
-        "exemplars": exemplars,
-        "output": final.text,
-        "format_ok": parsed.ok,
-        "finish_reason": final.finish_reason,
-        **risk.to_dict(),
-        "usage": {"prompt_tokens": prompt_tokens,
-                  "completion_tokens": len(g1.token_ids) + (len(final.token_ids) if final is not g1 else 0)},
-    }
-
-
-# ---------------------------------------------------------------------------------- the service
-
-
-def _request_params(req: ChatCompletionRequest, cfg: Config) -> tuple[SamplingParams, SamplingParams]:
-    ro = cfg.rollout
-    temp = ro.temperature if req.temperature is None else req.temperature
-    top_p = ro.top_p if req.top_p is None else req.top_p
-    p2_tokens = req.new_tokens() or ro.max_new_tokens_stage2
-    p1 = SamplingParams(ro.max_new_tokens_stage1, temp, top_p, ro.top_k, req.seed)
-    p2 = SamplingParams(p2_tokens, temp, top_p, ro.top_k, None if req.seed is None else req.seed + 1)
-    return p1, p2
-
-
-def _escrag_field(ans: dict) -> dict:
-    keys = ("think", "initial", "exemplars", "risk", "reasons", "categories", "output", "format_ok")
-    return {k: ans[k] for k in keys}
+# ---------------------------------------------------------------------------------- the app
 
 
 def _completion(ans: dict, model: str) -> dict:
@@ -123,7 +115,7 @@ def _completion(ans: dict, model: str) -> dict:
             "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": ans["response"]},
                          "finish_reason": ans["finish_reason"], "logprobs": None}],
-            "usage": usage, "escrag": _escrag_field(ans)}
+            "usage": usage, "escrag": {k: ans[k] for k in ESCRAG_FIELDS}}
 
 
 def _sse(ans: dict, model: str):
@@ -138,21 +130,19 @@ def _sse(ans: dict, model: str):
     yield event({"role": "assistant", "content": ""})
     for piece in re.findall(r"\s*\S+", ans["response"]):
         yield event({"content": piece})
-    yield event({}, ans["finish_reason"], escrag=_escrag_field(ans))
+    yield event({}, ans["finish_reason"], escrag={k: ans[k] for k in ESCRAG_FIELDS})
     yield "data: [DONE]\n\n"
 
 
-def build_app(engine, retriever_client, cfg: Config, classifier: RiskClassifier,
-              api_key: str | None = None, model_name: str = "escrag-counselor") -> FastAPI:
-    """The counselor app; ``retriever_client=None`` answers in one stage (``--no-rag``)."""
+def build_app(service: CounselorService, api_key: str | None = None,
+              model_name: str = "escrag-counselor") -> FastAPI:
     from escrag.serving import add_common
 
-    app = FastAPI(title="escrag counselor")
-    app.state.sched = as_scheduler(engine, cfg.rollout.max_batch)
-    app.state.cfg, app.state.classifier, app.state.retriever = cfg, classifier, retriever_client
+    app = FastAPI(title="escrag counselor", docs_url=None, redoc_url=None)
+    app.state.service = service
     metrics = add_common(app, "escrag_counselor", api_key=api_key,
-                         health=lambda: {"model": model_name, "rag": retriever_client is not None,
-                                         "weights_version": engine.version})
+                         max_body_bytes=service.cfg.counselor.max_body_bytes,
+                         health=lambda: {"model": model_name, **service.health()})
     risk_counter = metrics.counter("escrag_counselor_risk", "replies by risk level", ["level"])
 
     @app.get("/v1/models")
@@ -161,12 +151,7 @@ def build_app(engine, retriever_client, cfg: Config, classifier: RiskClassifier,
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest):
-        p1, p2 = _request_params(req, cfg)
-        try:
-            ans = await rag_answer(req.history(), app.state.sched, retriever_client, cfg, classifier,
-                                   p1, p2)
-        except ServiceError as exc:
-            return JSONResponse({"detail": f"retriever unavailable: {exc}"}, status_code=502)
+        ans = await service.respond(req)
         risk_counter.labels(ans["risk"]).inc()
         if req.stream:
             return StreamingResponse(_sse(ans, model_name), media_type="text/event-stream")
@@ -175,24 +160,36 @@ def build_app(engine, retriever_client, cfg: Config, classifier: RiskClassifier,
     return app
 
 
-def main(args) -> int:
-    """``escrag serve counselor --policy SPEC (--retriever URL | --no-rag)``."""
-    import os
-
-    from escrag.config import load_config
-    from escrag.serving import serve
-    from rollout.engine import make_engine
-
-    cfg = load_config(args.config, args.override)
+def load_service(args, cfg: Config) -> CounselorService:
+    """The service ``escrag serve counselor`` describes (flags checked before any model loads)."""
     if not args.no_rag and not args.retriever:
         raise UserError("--retriever URL is required unless --no-rag is given")
+    if (args.policy is None) == (args.endpoint is None):
+        raise UserError("give exactly one of --policy SPEC and --endpoint URL")
+    if args.endpoint and not args.endpoint_model:
+        raise UserError("--endpoint needs --endpoint-model NAME")
     retriever = None
     if not args.no_rag:
         from retriever_server.client import RetrieverClient
 
-        retriever = RetrieverClient(args.retriever, api_key=os.environ.get("ESCRAG_RETRIEVER_API_KEY"))
-    engine = make_engine(cfg, model_spec=args.policy)
-    app = build_app(engine, retriever, cfg, RiskClassifier.from_config(cfg), api_key=args.api_key,
-                    model_name=args.policy)
-    serve(app, args.host, args.port)
+        retriever = RetrieverClient(args.retriever, cfg.retriever)
+    classifier = RiskClassifier.from_config(cfg)
+    if args.endpoint:
+        ecfg = dataclasses.replace(cfg.counselor.endpoint, base_url=args.endpoint, model=args.endpoint_model,
+                                   api_key_env=args.endpoint_key_env)
+        return CounselorService(cfg, classifier, retriever, endpoint=ChatEndpoint("counselor", ecfg))
+    from rollout.engine import make_engine
+
+    return CounselorService(cfg, classifier, retriever, engine=make_engine(cfg, model_spec=args.policy))
+
+
+def main(args) -> int:
+    """``escrag serve counselor (--policy SPEC | --endpoint URL ...) (--retriever URL | --no-rag)``."""
+    from escrag.config import load_config
+    from escrag.serving import serve
+
+    cfg = load_config(args.config, args.override)
+    service = load_service(args, cfg)
+    name = args.policy or args.endpoint_model
+    serve(build_app(service, api_key=args.api_key, model_name=name), args.host, args.port)
     return 0

@@ -1,21 +1,24 @@
 """The generation-engine interface every rollout backend implements.
 
-Owns: ``SamplingParams``, ``Generation``, ``GenerationEngine`` (batched ``generate`` over token ids,
-``load_weights`` with a monotonically increasing version), ``StaleWeightsError``, the shared
-stop-string helper, ``EngineScheduler`` (serialises engine calls from concurrent episodes and merges
-the ones that share sampling parameters into one batch) and ``make_engine`` (config -> engine).
+Owns: ``SamplingParams`` (built from the config: ``SamplingParams.from_config``), ``Generation``,
+``GenerationEngine`` (batched ``generate`` over token ids with one seed per row, ``load_weights``
+with a monotonically increasing version), ``StaleWeightsError``, the shared stop-string helper,
+``EngineScheduler`` (serialises engine calls from concurrent episodes and merges the ones that share
+sampling parameters into one batch) and ``make_engine`` (config -> engine).
 
-Log-probs: ``Generation.logprobs[t]`` is the log-softmax of the *raw* logits (temperature 1.0, before
-top-k/top-p truncation) at the sampled token, i.e. log π_old(token | context). The learner recomputes
-the same quantity under the current weights for the ratio of eq. 10; the sampling distribution
-(temperature, truncation) only decides which tokens are drawn.
+Sampling and log-probs are defined once in ``escrag.sampling``: a row's draw depends only on its
+seed (never on the rest of the batch), and ``Generation.logprobs[t]`` is log-softmax(logits / T) at
+the sampled token, the quantity the learner recomputes for the ratio of eq. 10.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import random
 from dataclasses import dataclass
+
+from escrag.formats import RESPONSE_CLOSE
 
 
 class StaleWeightsError(ValueError):
@@ -25,11 +28,10 @@ class StaleWeightsError(ValueError):
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int
-    temperature: float = 0.9  # 0: greedy
-    top_p: float = 0.95
-    top_k: int = 64  # 0: whole vocabulary; top-p then runs inside the top k
-    seed: int | None = None  # None: the engine's own generator (seeded once at construction)
-    stop_strings: tuple = ("</response>",)  # generation ends right after the first of these
+    temperature: float  # 0: greedy
+    top_p: float
+    top_k: int  # 0: whole vocabulary; top-p then runs inside the top k
+    stop_strings: tuple = (RESPONSE_CLOSE,)  # generation ends right after the first of these
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -38,13 +40,21 @@ class SamplingParams:
             raise ValueError(f"bad sampling params: temperature={self.temperature}, "
                              f"top_p={self.top_p}, top_k={self.top_k}")
 
+    @classmethod
+    def from_config(cls, ro, stage: int, **changes) -> SamplingParams:
+        """Stage 1 or 2 parameters from a ``RolloutConfig``; ``changes`` override fields."""
+        fields = {"max_new_tokens": ro.max_new_tokens_stage1 if stage == 1 else ro.max_new_tokens_stage2,
+                  "temperature": ro.temperature, "top_p": ro.top_p, "top_k": ro.top_k}
+        return cls(**{**fields, **{k: v for k, v in changes.items() if v is not None}})
+
 
 @dataclass
 class Generation:
     token_ids: list[int]  # [L] completion ids only; includes the EOS token when generation hit it
-    logprobs: list[float]  # [L] raw (temperature-1) log-prob of each sampled token, see module doc
+    logprobs: list[float]  # [L] log-softmax(logits / T) of each sampled token (escrag.sampling)
     text: str  # decoded completion without special tokens, cut right after a stop string
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    ended_with_eos: bool = False  # the last token is an end-of-sequence token
 
 
 class GenerationEngine(abc.ABC):
@@ -52,10 +62,22 @@ class GenerationEngine(abc.ABC):
 
     version: int = 0  # weights version; 0 = the weights the engine was built with
     tokenizer = None
+    _seed_rng: random.Random | None = None  # for rows without a seed; engines seed it at construction
+
+    def row_seeds(self, n: int, seeds: list[int] | None) -> list[int]:
+        """The given seeds (one per row), or ``n`` drawn from the engine's own generator."""
+        if seeds is None:
+            self._seed_rng = self._seed_rng or random.Random(0)
+            return [self._seed_rng.getrandbits(32) for _ in range(n)]
+        if len(seeds) != n:
+            raise ValueError(f"{len(seeds)} seeds for {n} prompts")
+        return [int(x) for x in seeds]
 
     @abc.abstractmethod
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """One ``Generation`` per prompt, in order."""
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> list[Generation]:
+        """One ``Generation`` per prompt, in order; ``seeds`` gives each row its own seed (None: the
+        engine draws them from its own generator, seeded at construction)."""
 
     @abc.abstractmethod
     def load_weights(self, weights: dict, version: int) -> None:
@@ -80,7 +102,7 @@ class EngineScheduler:
 
     def __init__(self, engine: GenerationEngine, max_batch: int = 64):
         self.engine, self.max_batch = engine, max_batch
-        self._pending: list[tuple[list, SamplingParams, asyncio.Future]] = []
+        self._pending: list[tuple[list, SamplingParams, list[int], asyncio.Future]] = []
         self._busy = False
         self.calls: list[tuple[int, SamplingParams]] = []  # (rows, params) of each engine call
 
@@ -88,9 +110,11 @@ class EngineScheduler:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    async def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
+    async def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                       seeds: list[int] | None = None) -> list[Generation]:
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt_ids, params, fut))
+        seeds = self.engine.row_seeds(len(prompt_ids), seeds)  # drawn now: the order of calls decides
+        self._pending.append((prompt_ids, params, seeds, fut))
         if not self._busy:
             self._busy = True
             asyncio.get_running_loop().create_task(self._drain())
@@ -113,17 +137,18 @@ class EngineScheduler:
         try:
             while self._pending:
                 batch, params = self._take_batch()
-                merged = [p for ids, _, _ in batch for p in ids]
+                merged = [p for ids, _, _, _ in batch for p in ids]
+                seeds = [x for _, _, row_seeds, _ in batch for x in row_seeds]
                 self.calls.append((len(merged), params))
                 try:
-                    outs = await asyncio.to_thread(self.engine.generate, merged, params)
+                    outs = await asyncio.to_thread(self.engine.generate, merged, params, seeds)
                 except Exception as exc:  # every waiter of this batch sees the failure
-                    for _, _, fut in batch:
+                    for *_, fut in batch:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
                 start = 0
-                for ids, _, fut in batch:
+                for ids, _, _, fut in batch:
                     if not fut.done():
                         fut.set_result(outs[start:start + len(ids)])
                     start += len(ids)

@@ -1,12 +1,11 @@
 """The transformers generation engine (CPU or one GPU).
 
 Owns: a plain batched decode loop: left-padded prefill, then one token per step through the KV cache
-under ``torch.inference_mode``; sampling with temperature, top-k first and top-p inside the top k
-(design section 5: HF's full-vocabulary sort costs 32-36 ms per step at batch 8 on this CPU, the
-top-64-then-top-p sampler ~1.25 ms); greedy when temperature is 0; stop at EOS (kept as the last
-completion token, so the learner trains the stop decision) or right after a stop string. Sampling is
-deterministic under ``SamplingParams.seed``; without one it draws from the engine's own generator,
-seeded once at construction, so a run with a fixed call order is reproducible.
+under ``torch.inference_mode``; each step's draw is ``escrag.sampling.sample`` (temperature, top-k
+first and top-p inside the top k, one seed per row; design section 5: HF's full-vocabulary sort costs
+32-36 ms per step at batch 8 on this CPU, the top-64-then-top-p sampler ~1.25 ms); greedy when
+temperature is 0; stop at EOS (kept as the last completion token, so the learner trains the stop
+decision) or right after a stop string.
 
 Departure from HF ``generate``: with ``top_k`` > 0, top-p only sees the top k tokens; in 6-12% of rows
 the top 64 hold under 95% of the mass (design section 5), so the sampled distribution is slightly
@@ -16,12 +15,14 @@ sharper there. ``rollout.top_k: 0`` restores the full-vocabulary top-p.
 from __future__ import annotations
 
 import inspect
+import random
 import threading
 
 import torch
 from transformers import DynamicCache
 
-from escrag.models import load_causal_lm, load_tokenizer
+from escrag.models import load_causal_lm, load_tokenizer, resolve_device
+from escrag.sampling import sample
 from rollout.engine import Generation, GenerationEngine, SamplingParams, stop_position
 
 STOP_TAIL_TOKENS = 16  # tokens decoded per step to look for a stop string that just completed
@@ -30,13 +31,11 @@ STOP_TAIL_TOKENS = 16  # tokens decoded per step to look for a stop string that 
 class HFEngine(GenerationEngine):
     def __init__(self, model_spec: str, dtype: str = "float32", device: str = "cpu", seed: int = 0,
                  max_batch: int = 64):
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device, self.max_batch, self.version = device, max_batch, 0
+        self.device, self.max_batch, self.version = resolve_device(device), max_batch, 0
         self.tokenizer = load_tokenizer(model_spec)
-        self.model = load_causal_lm(model_spec, dtype).to(device).eval()
+        self.model = load_causal_lm(model_spec, dtype).to(self.device).eval()
         self._named = self.model.state_dict(keep_vars=True)  # tied names map to the same tensor
-        self._gen = torch.Generator(device=device).manual_seed(seed)
+        self._seed_rng = random.Random(seed)
         self._lock = threading.Lock()
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -47,16 +46,16 @@ class HFEngine(GenerationEngine):
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> list[Generation]:
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
         with self._lock:
-            gen = self._gen
-            if params.seed is not None:
-                gen = torch.Generator(device=self.device).manual_seed(params.seed)
+            seeds = self.row_seeds(len(prompt_ids), seeds)
             out: list[Generation] = []
             for i in range(0, len(prompt_ids), self.max_batch):
-                out += self._generate_batch(prompt_ids[i:i + self.max_batch], params, gen)
+                rows = slice(i, i + self.max_batch)
+                out += self._generate_batch(prompt_ids[rows], params, seeds[rows])
             return out
 
     def _left_pad(self, prompts: list[list[int]]):
@@ -69,7 +68,7 @@ class HFEngine(GenerationEngine):
         return ids.to(self.device), mask.to(self.device)
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts, params: SamplingParams, gen) -> list[Generation]:
+    def _generate_batch(self, prompts, params: SamplingParams, seeds: list[int]) -> list[Generation]:
         ids, mask = self._left_pad(prompts)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = {self._cache_kw: DynamicCache(config=self.model.config)}  # filled in place
@@ -78,8 +77,10 @@ class HFEngine(GenerationEngine):
         next_pos = pos[:, -1:] + 1
         logits = out.logits[:, -1, :]
         rows = [_Row() for _ in prompts]
+        seed_t = torch.tensor(seeds, dtype=torch.long, device=self.device)
         for step in range(params.max_new_tokens):
-            tok, logp = sample(logits, params, gen)
+            steps = torch.full_like(seed_t, step)
+            tok, logp = sample(logits, params.temperature, params.top_p, params.top_k, seed_t, steps)
             for row, t, lp in zip(rows, tok.tolist(), logp.tolist()):
                 if row.reason is None:
                     self._advance(row, t, lp, params)
@@ -97,7 +98,7 @@ class HFEngine(GenerationEngine):
         row.token_ids.append(token)
         row.logprobs.append(logprob)
         if token in self.eos_ids:
-            row.reason = "stop"
+            row.reason, row.eos = "stop", True
         elif params.stop_strings:
             tail = self.tokenizer.decode(row.token_ids[-STOP_TAIL_TOKENS:], skip_special_tokens=True)
             if stop_position(tail, params.stop_strings) is not None:
@@ -108,7 +109,7 @@ class HFEngine(GenerationEngine):
         cut = stop_position(text, params.stop_strings)
         if cut is not None:
             text = text[:cut]
-        return Generation(row.token_ids, row.logprobs, text, row.reason or "length")
+        return Generation(row.token_ids, row.logprobs, text, row.reason or "length", row.eos)
 
     # ------------------------------------------------------------------ weights
 
@@ -132,34 +133,11 @@ class HFEngine(GenerationEngine):
 
 
 class _Row:
-    __slots__ = ("token_ids", "logprobs", "reason")
+    __slots__ = ("token_ids", "logprobs", "reason", "eos")
 
     def __init__(self):
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.reason: str | None = None
+        self.eos = False
 
-
-def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator):
-    """[B, V] logits -> ([B] sampled ids, [B] raw log-probs of them).
-
-    Greedy at temperature 0; else temperature, top-k (0: all), then top-p inside the kept tokens.
-    The returned log-prob is the temperature-1 log-softmax of the raw logits (module doc of
-    ``rollout.engine``)."""
-    logits = logits.float()
-    if params.temperature == 0:
-        tok = logits.argmax(dim=-1)
-    else:
-        scaled = logits / params.temperature
-        if 0 < params.top_k < scaled.shape[-1]:
-            vals, idx = scaled.topk(params.top_k, dim=-1)  # sorted, largest first
-        else:
-            vals, idx = scaled.sort(dim=-1, descending=True)
-        probs = vals.softmax(dim=-1)
-        if params.top_p < 1.0:
-            before = probs.cumsum(dim=-1) - probs  # mass of the better tokens; the best is always kept
-            probs = probs.masked_fill(before >= params.top_p, 0.0)
-        choice = torch.multinomial(probs, 1, generator=gen)
-        tok = idx.gather(-1, choice).squeeze(-1)
-    logp = logits.log_softmax(dim=-1).gather(-1, tok[:, None]).squeeze(-1)
-    return tok, logp

@@ -14,6 +14,7 @@ that is down, bad data) are not retried here and reach the caller.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import ray
@@ -33,17 +34,20 @@ class RolloutPool:
         gpus = ro.worker_gpus or (1.0 if ro.engine == "vllm" else 0.0)
         opts = {"num_cpus": ro.worker_cpus, "num_gpus": gpus}
         self.cfg = cfg
-        self.workers = [RolloutWorker.options(**opts).remote(cfg, retriever_url, reward_url, i)
+        # Ray workers do not inherit this process's environment: the servers' bearer token travels along
+        key = os.environ.get("ESCRAG_API_KEY")
+        self.workers = [RolloutWorker.options(**opts).remote(cfg, retriever_url, reward_url, i, key)
                         for i in range(ro.num_workers)]
         self._weights_ref = None
         self.version = 0  # latest weights version pushed
         self.reissued = 0  # chunks re-issued after a worker died (for logs and tests)
 
-    def generate(self, states: list[DialogueState]) -> list[ScoredGroup]:
-        """One ``ScoredGroup`` per state, in the order of ``states``."""
+    def generate(self, states: list[DialogueState], seeds: list[int]) -> list[ScoredGroup]:
+        """One ``ScoredGroup`` per state, in the order of ``states``; ``seeds[i]`` is state i's group
+        seed, so what a state draws does not depend on which worker runs it."""
         if not states:
             return []
-        chunks = _split(list(states), len(self.workers))
+        chunks = _split(list(zip(states, seeds)), len(self.workers))
         results: list[list[ScoredGroup] | None] = [None] * len(chunks)
         pending = {self._submit(i, chunk): (i, 0) for i, chunk in enumerate(chunks)}
         while pending:
@@ -61,14 +65,14 @@ class RolloutPool:
                 pending[self._submit(i, chunks[i])] = (i, attempts + 1)
         return [g for chunk in results for g in chunk]
 
-    def _submit(self, i: int, states: list[DialogueState]):
+    def _submit(self, i: int, chunk: list[tuple[DialogueState, int]]):
         self._catch_up(self.workers[i])
-        return self.workers[i].generate_groups.remote(states)
+        return self.workers[i].generate_groups.remote([s for s, _ in chunk], [seed for _, seed in chunk])
 
     def _catch_up(self, worker) -> None:
         """Wait until a (possibly restarting) worker answers, then give it the latest weights."""
-        deadline = time.monotonic() + self.cfg.rollout.restart_timeout_s
-        delay = 0.1
+        ro = self.cfg.rollout
+        deadline, delay = time.monotonic() + ro.restart_timeout_s, ro.restart_poll_s
         while True:
             try:
                 if ray.get(worker.version.remote()) < self.version and self._weights_ref is not None:
@@ -78,7 +82,7 @@ class RolloutPool:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(delay)  # Ray is restarting it: __init__ loads the model again
-                delay = min(2 * delay, 2.0)
+                delay = min(2 * delay, 20 * ro.restart_poll_s)
 
     def push_weights(self, weights: dict, version: int) -> None:
         """Put ``weights`` in the object store once and load them into every worker. A worker that is

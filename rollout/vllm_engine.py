@@ -11,12 +11,17 @@ uses to load checkpoints, which also handles fused q/k/v and gate/up projections
 ``LLM.reset_prefix_cache()`` so no KV computed with the old weights is reused. Tensors travel by
 value: fine for one GPU; a multi-GPU cluster uses OpenRLHF's NCCL broadcast instead.
 
-Log-probs are vLLM's ``raw_logprobs`` mode (log-softmax of the raw logits, before temperature and
-top-k/top-p), the same quantity the transformers engine returns (``rollout.engine`` module doc); it
-needs vLLM >= 0.10.2. Each prompt gets its own seed (``seed + i``) when ``SamplingParams.seed`` is set.
+Log-probs are vLLM's ``processed_logprobs`` mode (after temperature and the top-k/top-p cut, needs
+vLLM >= 0.10.2). They equal ``escrag.sampling.token_logprobs`` (log-softmax(z / T) over the whole
+vocabulary) only without a cut, and bfloat16 kernels differ from the learner's, so with this engine the
+learner recomputes π_old (``grpo.recompute_old_logprobs``) and the recorded values only feed the
+``logp_diff`` check. Each row gets its own vLLM seed; vLLM's noise is its own, so the same seed draws
+different tokens here than in the transformers engine.
 """
 
 from __future__ import annotations
+
+import random
 
 from rollout.engine import Generation, GenerationEngine, SamplingParams, stop_position
 
@@ -41,25 +46,25 @@ class VLLMEngine(GenerationEngine):
                               "pyproject's 'cluster' extra)") from None
         from escrag.models import load_tokenizer, resolve_model
 
-        self._vllm, self.version, self.seed = vllm, 0, seed
+        self._vllm, self.version, self._seed_rng = vllm, 0, random.Random(seed)
         self.tokenizer = load_tokenizer(model_spec)
         self.llm = vllm.LLM(model=resolve_model(model_spec), dtype=dtype, seed=seed,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            logprobs_mode="raw_logprobs", enable_prefix_caching=True,
+                            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                             worker_extension_cls="rollout.vllm_engine.WeightSyncExtension")
 
-    def _params(self, params: SamplingParams, i: int):
+    def _params(self, params: SamplingParams, seed: int):
         return self._vllm.SamplingParams(
             max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else -1,
-            seed=None if params.seed is None else params.seed + i,
+            top_k=params.top_k if params.top_k > 0 else -1, seed=seed,
             stop=list(params.stop_strings), include_stop_str_in_output=True, logprobs=0,
             skip_special_tokens=True)
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> list[Generation]:
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
-        outs = self.llm.generate(prompts, [self._params(params, i) for i in range(len(prompts))],
-                                 use_tqdm=False)
+        seeds = self.row_seeds(len(prompts), seeds)
+        outs = self.llm.generate(prompts, [self._params(params, s) for s in seeds], use_tqdm=False)
         return [self._generation(o.outputs[0], params) for o in outs]
 
     @staticmethod
@@ -71,7 +76,8 @@ class VLLMEngine(GenerationEngine):
         if cut is not None:
             text = text[:cut]
         reason = "length" if out.finish_reason == "length" else "stop"
-        return Generation(ids, logprobs, text, reason)
+        eos = reason == "stop" and getattr(out, "stop_reason", None) is None  # stopped on EOS
+        return Generation(ids, logprobs, text, reason, eos)
 
     def load_weights(self, weights: dict, version: int) -> None:
         self._check_version(version)

@@ -20,11 +20,15 @@ from escrag.config import Config
 from escrag.data import DialogueState
 from escrag.errors import UserError
 from escrag.records import ScoredGroup
+from escrag.seeds import derive_seed
+from retriever_server.client import RetrieverClient
+from reward_server.client import RewardClient
 
 
 @ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)
 class RolloutWorker:
-    def __init__(self, cfg: Config, retriever_url: str | None, reward_url: str, worker_index: int):
+    def __init__(self, cfg: Config, retriever_url: str | None, reward_url: str, worker_index: int,
+                 api_key: str | None = None):
         import torch
 
         from escrag.models import offline_env
@@ -36,21 +40,22 @@ class RolloutWorker:
         if cfg.rollout.rag and not retriever_url:
             raise UserError("rollout.rag is on but no retriever URL was given")
         self.cfg, self.index = cfg, worker_index
-        self.engine = make_engine(cfg, seed=cfg.run.seed + 1000 * worker_index)
+        self.engine = make_engine(cfg, seed=derive_seed(cfg.run.seed, "worker", worker_index))
         self.sched = EngineScheduler(self.engine, cfg.rollout.max_batch)
-        self.retriever = _retriever(retriever_url) if cfg.rollout.rag else None
-        self.reward = _reward(reward_url)
+        self.retriever = RetrieverClient(retriever_url, cfg.retriever, api_key) if cfg.rollout.rag else None
+        self.reward = RewardClient(reward_url, cfg.reward, api_key)
         self._lock = asyncio.Lock()
         self._in_flight, self._groups = 0, 0
 
-    async def generate_groups(self, states: list[DialogueState]) -> list[ScoredGroup]:
+    async def generate_groups(self, states: list[DialogueState], seeds: list[int]) -> list[ScoredGroup]:
+        """One group per state; ``seeds`` gives each group its seed (``rollout.episode`` module doc)."""
         from rollout.episode import run_groups
 
         self._in_flight += 1
         try:
             async with self._lock:
                 groups = await run_groups(states, self.sched, self.retriever, self.reward, self.cfg,
-                                          self.engine.version)
+                                          self.engine.version, seeds)
         finally:
             self._in_flight -= 1
         self._groups += len(groups)
@@ -77,14 +82,3 @@ class RolloutWorker:
         return {"pid": os.getpid(), "version": self.engine.version, "in_flight": self._in_flight,
                 "groups": self._groups, "worker_index": self.index}
 
-
-def _retriever(url: str):
-    from retriever_server.client import RetrieverClient
-
-    return RetrieverClient(url)
-
-
-def _reward(url: str):
-    from reward_server.client import RewardClient
-
-    return RewardClient(url)

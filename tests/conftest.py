@@ -89,6 +89,10 @@ def ray_session(tmp_path_factory):
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
            "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=true",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=8",
+           # every port Ray would otherwise take at a fixed default, so two heads on a machine never clash
+           *(f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                     "runtime-env-agent-port", "metrics-export-port",
+                                                     "ray-client-server-port")),
            f"--temp-dir={tmp}", "--disable-usage-stats"]
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)

@@ -2,14 +2,19 @@
 process (tiny random policy, a real retriever process over a 40-chunk ESConv index): non-streaming and
 SSE streaming give the same seeded reply, the ``escrag`` field carries think/initial/exemplars/risk, a
 high-risk conversation gets ``risk: high`` with reasons and a safety reply (tests/test_counselor_safety.py
-covers every category), bad requests get a 422 with a detail, ``--no-rag`` without a retriever is a
-clear CLI error; ``rag_answer`` (used by the demo job) runs in-process on the same retriever.
+covers every category), bad requests get a 422
+with a detail, ``--no-rag`` without a retriever is a clear CLI error; ``--endpoint`` mode runs the same
+two-stage path over a remote OpenAI-compatible model (the scripted double of tests/openai_double.py);
+hostile input (lone surrogates, a multi-megabyte message, a chunked body past the limit) gets a 4xx
+at once from all three kinds of server; ``rollout.episode.answer`` runs in-process on the same retriever.
 Run: .venv/bin/python -m pytest -q tests/test_counselor.py"""
 
 import asyncio
 import subprocess
 import sys
+import time
 
+import httpx
 import openai
 import pytest
 
@@ -97,18 +102,72 @@ def test_no_retriever_is_a_cli_error(tiny_model):
     assert proc.returncode == 2 and "--retriever URL is required unless --no-rag" in proc.stderr
 
 
-def test_rag_answer_in_process(urls, tiny_model):
-    from escrag.safety import RiskClassifier
+def test_answer_in_process(urls, tiny_model):
     from retriever_server.client import RetrieverClient
-    from rollout.counselor_api import rag_answer
+    from rollout.episode import answer, engine_chat
     from rollout.hf_engine import HFEngine
 
     cfg = load_config("configs/cpu-test.yaml", [a for a in ARGS if a != "-o"])
-    engine = HFEngine(tiny_model)
-    clf = RiskClassifier.from_config(cfg)
+    chat = engine_chat(HFEngine(tiny_model), cfg)
     state = load_states("test")[0]
-    ans = asyncio.run(rag_answer(state, engine, RetrieverClient(urls["retriever"]), cfg, clf))
-    assert {"response", "think", "initial", "exemplars", "risk", "reasons"} <= set(ans)
-    assert len(ans["exemplars"]) == 2 and ans["risk"] in ("none", "elevated", "high")
-    plain = asyncio.run(rag_answer(state.history, engine, None, cfg, clf))
-    assert plain["exemplars"] == [] and plain["initial"] == ""
+    ans = asyncio.run(answer(state.history, chat, RetrieverClient(urls["retriever"]), cfg, seed=3))
+    assert {"response", "think", "initial", "initial_output", "exemplars", "output", "query"} <= set(ans)
+    assert len(ans["exemplars"]) == 2 and ans["initial_output"]
+    again = asyncio.run(answer(state.history, chat, RetrieverClient(urls["retriever"]), cfg, seed=3))
+    assert again["output"] == ans["output"]  # seeded
+    one = asyncio.run(answer(state.history, chat, None, cfg, rag=False, seed=3))
+    assert one["exemplars"] == [] and one["initial"] == "" and one["output"] == ans["initial_output"]
+
+
+def test_endpoint_mode_runs_the_two_stage_path_over_a_remote_model(urls, tmp_path):
+    """A remote OpenAI-compatible model (the scripted double) behind ``--endpoint``: stage 1 answers
+    the client, stage 2 sees ĉ as its own turn and the exemplars, and the reply is stage 2's."""
+    from openai_double import OpenAIDouble, Reply
+
+    with OpenAIDouble() as llm:
+        llm.on("stage2", r"## Exemplars", default=Reply(content="<think>use them</think><response>Final.</response>"),
+               match="last")
+        llm.on("stage1", r"everyone else passed", default=Reply(content="<think>t</think><response>Draft.</response>"),
+               match="last")
+        server = ServerProcess("endpoint", ["counselor", "--endpoint", llm.base_url, "--endpoint-model", "gpt-x",
+                                            "--retriever", urls["retriever"], "--config", "configs/cpu-test.yaml",
+                                            *ARGS], tmp_path)
+        try:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+            resp = client.chat.completions.create(model="gpt-x", messages=MESSAGES, seed=5)
+        finally:
+            server.stop()
+        assert resp.choices[0].message.content == "Final."
+        extra = resp.model_extra["escrag"]
+        assert extra["initial"] == "Draft." and len(extra["exemplars"]) == 2 and extra["format_ok"]
+        assert llm.calls["stage1"] == 1 and llm.calls["stage2"] == 1
+        second = [c for c in llm.requests if c.key == "stage2"][0].body
+        assert second["model"] == "gpt-x" and "seed" in second and "stop" not in second
+        assert second["messages"][-2] == {"role": "assistant", "content": "<think>t</think><response>Draft.</response>"}
+        assert extra["exemplars"][0]["response"] in second["messages"][-1]["content"]
+
+
+SURROGATE = b'"I feel \\ud83d alone"'  # a lone high surrogate, escaped as JSON allows
+
+
+def test_hostile_input_gets_4xx_at_once(urls, serve):
+    reward = serve(["reward", "--rule", "length:3"])
+    cases = [(f"{urls['counselor']}/v1/chat/completions", b'{"messages": [{"role": "user", "content": ' + SURROGATE + b"}]}"),
+             (f"{urls['retriever']}/retrieve", b'{"queries": [' + SURROGATE + b"]}"),
+             (f"{reward}/score", b'{"items": [{"history": [{"role": "user", "content": "hi"}], "output": ' + SURROGATE + b"}]}")]
+    for url, body in cases:
+        r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 400 and "malformed Unicode" in r.json()["detail"], (url, r.text)
+    big = {"messages": [{"role": "user", "content": "I am so tired. " * 200_000}]}  # 3 MB
+    start = time.perf_counter()
+    r = httpx.post(f"{urls['counselor']}/v1/chat/completions", json=big, timeout=60)
+    assert r.status_code == 413 and time.perf_counter() - start < 5
+    long = {"messages": [{"role": "user", "content": "I am so tired. " * 8_000}]}  # under 1 MiB, too long
+    r = httpx.post(f"{urls['counselor']}/v1/chat/completions", json=long, timeout=60)
+    assert r.status_code == 400 and "counselor.max_history_chars" in r.json()["detail"]
+
+    def chunks():  # a chunked upload has no content-length for the guard to check
+        for _ in range(40):
+            yield b"x" * 262_144
+    r = httpx.post(f"{urls['counselor']}/v1/chat/completions", content=chunks(), timeout=60)
+    assert r.status_code == 413

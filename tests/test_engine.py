@@ -1,8 +1,8 @@
 """The transformers generation engine on the tiny random Qwen2: left-padded batching gives the same
-tokens and log-probs as one prompt alone, log-probs equal a teacher-forced forward at temperature 1,
-sampling is deterministic under a seed, top-k/top-p truncate as specified, stop strings and EOS end a
-row (kept in the completion), versioned partial weight loads take effect and reject bad input, and the
-scheduler merges concurrent requests into one batch.
+tokens and log-probs as one prompt alone, log-probs equal a teacher-forced forward at the sampling
+temperature, a row's draw depends only on its seed (not on the rest of the batch), top-k/top-p truncate
+as specified, stop strings and EOS end a row (kept in the completion), versioned partial weight loads
+take effect and reject bad input, and the scheduler merges concurrent requests into one batch.
 Run: .venv/bin/python -m pytest -q tests/test_engine.py"""
 
 import asyncio
@@ -11,10 +11,16 @@ import pytest
 import torch
 
 from escrag.prompts import render, stage1_messages
+from escrag.sampling import sample
 from rollout.engine import EngineScheduler, SamplingParams, StaleWeightsError
-from rollout.hf_engine import HFEngine, sample
+from rollout.hf_engine import HFEngine
 
-GREEDY = SamplingParams(12, temperature=0.0, stop_strings=())
+
+def params(n, temperature, top_p=1.0, top_k=0, stop_strings=()):
+    return SamplingParams(n, temperature, top_p, top_k, stop_strings)
+
+
+GREEDY = params(12, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +40,10 @@ def prompts(engine):
                                                          "stop crying, everything feels pointless now.")]
 
 
-def _teacher_forced(engine, prompt, completion):
+def _teacher_forced(engine, prompt, completion, temperature=1.0):
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logp = engine.model(ids).logits[0].float().log_softmax(-1)
+        logp = (engine.model(ids).logits[0].float() / temperature).log_softmax(-1)
     return logp[len(prompt) - 1:-1].gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
@@ -51,46 +57,47 @@ def test_left_padded_batch_matches_single_prompt(engine, prompts):
     assert len(alone.token_ids) == 12 and alone.finish_reason == "length"
 
 
-def test_logprobs_are_raw_temperature_one(engine, prompts):
-    params = SamplingParams(10, temperature=0.7, top_p=0.9, top_k=20, seed=1, stop_strings=())
-    for prompt, gen in zip(prompts, engine.generate(prompts, params)):
-        ref = _teacher_forced(engine, prompt, gen.token_ids)
+def test_logprobs_are_at_the_sampling_temperature(engine, prompts):
+    for prompt, gen in zip(prompts, engine.generate(prompts, params(10, 0.7, 0.9, 20), seeds=[1, 2])):
+        ref = _teacher_forced(engine, prompt, gen.token_ids, temperature=0.7)
         assert torch.allclose(torch.tensor(gen.logprobs), ref, atol=1e-4)
 
 
-def test_seeded_sampling_is_deterministic(engine, prompts):
-    params = SamplingParams(16, temperature=1.0, top_p=1.0, top_k=0, seed=7, stop_strings=())
-    a = engine.generate(prompts, params)
-    b = engine.generate(prompts, params)
-    c = engine.generate(prompts, SamplingParams(16, 1.0, 1.0, 0, seed=8, stop_strings=()))
-    assert [g.token_ids for g in a] == [g.token_ids for g in b]
-    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+def test_a_rows_draw_depends_only_on_its_seed(engine, prompts):
+    p = params(16, 1.0)
+    a = engine.generate(prompts, p, seeds=[7, 9])
+    assert [g.token_ids for g in a] == [g.token_ids for g in engine.generate(prompts, p, seeds=[7, 9])]
+    assert a[0].token_ids != engine.generate(prompts[:1], p, seeds=[8])[0].token_ids
+    # the same row alone, in another position, or beside other rows draws the same tokens
+    alone = engine.generate(prompts[1:], p, seeds=[9])[0]
+    crowd = engine.generate([prompts[0], prompts[0], prompts[1]], p, seeds=[3, 4, 9])[2]
+    assert alone.token_ids == crowd.token_ids == a[1].token_ids
 
 
 def test_top_k_one_is_greedy(engine, prompts):
     greedy = engine.generate(prompts, GREEDY)
-    topk1 = engine.generate(prompts, SamplingParams(12, temperature=1.3, top_k=1, seed=3, stop_strings=()))
+    topk1 = engine.generate(prompts, params(12, 1.3, top_k=1), seeds=[3, 4])
     assert [g.token_ids for g in greedy] == [g.token_ids for g in topk1]
 
 
 def test_sampler_truncates_to_top_p_inside_top_k():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().repeat(4000, 1)
-    gen = torch.Generator().manual_seed(0)
-    tok, logp = sample(logits, SamplingParams(1, temperature=1.0, top_p=0.7, top_k=0), gen)
+    seeds, steps = torch.arange(4000), torch.zeros(4000, dtype=torch.long)
+    tok, logp = sample(logits, 1.0, 0.7, 0, seeds, steps)
     counts = torch.bincount(tok, minlength=4).float() / len(tok)
     assert counts[2] == 0 and counts[3] == 0  # outside the top-p nucleus
     assert counts[0] == pytest.approx(0.5 / 0.8, abs=0.03)
-    assert torch.allclose(logp, probs.log()[tok])  # raw log-probs, not the renormalised ones
-    tok, _ = sample(logits, SamplingParams(1, temperature=1.0, top_p=1.0, top_k=3), gen)
+    assert torch.allclose(logp, probs.log()[tok])  # full-vocabulary log-probs, not the renormalised ones
+    tok, _ = sample(logits, 1.0, 1.0, 3, seeds, steps)
     assert set(tok.tolist()) == {0, 1, 2}
 
 
 def test_stop_string_ends_the_row_after_it(engine, prompts):
-    full = engine.generate([prompts[1]], SamplingParams(24, temperature=0.0, stop_strings=()))[0]
+    full = engine.generate([prompts[1]], params(24, 0.0))[0]
     assert len(full.text) > 6, full.text
     stop = full.text[3:6]
-    cut = engine.generate([prompts[1]], SamplingParams(24, temperature=0.0, stop_strings=(stop,)))[0]
+    cut = engine.generate([prompts[1]], params(24, 0.0, stop_strings=(stop,)))[0]
     assert cut.finish_reason == "stop"
     assert cut.text == full.text[:full.text.index(stop) + len(stop)]
     assert cut.token_ids == full.token_ids[:len(cut.token_ids)] and len(cut.token_ids) < 24
@@ -102,7 +109,7 @@ def test_eos_is_kept_and_stops(tiny_model, prompts):
     eng.eos_ids = {full.token_ids[3]}  # pretend the 4th greedy token is the EOS
     first = full.token_ids.index(full.token_ids[3])
     cut = eng.generate([prompts[0]], GREEDY)[0]
-    assert cut.token_ids == full.token_ids[:first + 1] and cut.finish_reason == "stop"
+    assert cut.token_ids == full.token_ids[:first + 1] and cut.finish_reason == "stop" and cut.ended_with_eos
 
 
 def test_load_weights_partial_versioned_and_validated(tiny_model, prompts):
@@ -131,7 +138,7 @@ def test_scheduler_merges_concurrent_requests(engine, prompts):
     async def both():
         return await asyncio.gather(sched.generate([prompts[0]], GREEDY),
                                     sched.generate([prompts[1]] * 2, GREEDY),
-                                    sched.generate([prompts[0]], SamplingParams(4, temperature=0.0)))
+                                    sched.generate([prompts[0]], params(4, 0.0)))
 
     a, b, c = asyncio.run(both())
     assert [rows for rows, _ in sched.calls] == [3, 1]  # equal params share one call

@@ -1,17 +1,20 @@
 """The GRPO learner (trainer/learner.py) on the tiny random Qwen2, with real rollouts from the
-transformers engine (rollout/hf_engine.py): the learner's recomputed log-probs match the engine's
-behaviour log-probs, micro-batching does not change the gradient, constant-reward groups are skipped
-and counted, LoRA's reference is the adapter switched off, exported weights pushed into an engine
-reproduce the learner's policy, and a state dict round-trips.
+transformers engine (rollout/hf_engine.py): the learner's log-probs match the engine's behaviour
+log-probs at the sampling temperature (0.7), micro-batching does not change the gradient, gradient
+reaches exactly the loss-mask-1 tokens of a micro-batch that mixes prompt and completion lengths (and
+a masked span in the middle), constant-reward groups are skipped and counted, LoRA's reference is the
+adapter switched off, exported weights pushed into an engine reproduce the learner's policy, and a
+state dict round-trips.
 Run: .venv/bin/python -m pytest -q tests/test_learner.py   (~25 s)"""
 
 import pytest
 import torch
 
 from escrag.config import load_config
-from escrag.records import Sample, ScoredGroup
+from escrag.records import Sample, ScoredGroup, TokenSequence
+from escrag.sampling import token_logprobs
 from rollout.engine import SamplingParams
-from rollout.episode import sequence
+from rollout.episode import record
 from trainer.learner import Learner
 
 PROMPTS = [[1, 504, 2088, 314, 253, 1345], [1, 9519, 28, 940, 446, 2], [1, 77, 78, 79]]
@@ -28,14 +31,14 @@ def engine(tiny_model):
     return HFEngine(tiny_model, seed=0)
 
 
-def _groups(engine, rewards, n=4, max_new=8):
+def _groups(engine, rewards, n=4, max_new=8, temperature=1.0):
     """One group per reward row, prompts cycling through PROMPTS; completions sampled for real."""
     groups = []
     for gi, row in enumerate(rewards):
         prompt = PROMPTS[gi % len(PROMPTS)]
-        gens = engine.generate([prompt] * n, SamplingParams(max_new, temperature=1.0, top_k=0, top_p=1.0,
-                                                            seed=gi, stop_strings=()))
-        samples = [Sample([sequence(prompt, g, stage=2)], output=g.text, reward=r) for g, r in zip(gens, row)]
+        gens = engine.generate([prompt] * n, SamplingParams(max_new, temperature, 1.0, 0, ()),
+                               seeds=[100 * gi + j for j in range(n)])
+        samples = [Sample(record(prompt, g, None, None, True), output=g.text, reward=r) for g, r in zip(gens, row)]
         groups.append(ScoredGroup(f"s/{gi}", samples, engine.version))
     return groups
 
@@ -44,14 +47,73 @@ def _grads(learner):
     return {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}
 
 
-def test_logprobs_match_engine(tiny_model, engine):
-    learner = Learner(_cfg(tiny_model))
-    groups = _groups(engine, [[1.0, 0.0, 0.5, 0.0]] * 3)
+def test_logprobs_match_engine_at_the_sampling_temperature(tiny_model, engine):
+    learner = Learner(_cfg(tiny_model, "rollout.temperature=0.7"))
+    groups = _groups(engine, [[1.0, 0.0, 0.5, 0.0]] * 3, temperature=0.7)
     m = learner.step(groups)
-    assert m["logp_diff"] < 1e-4, m  # same weights: the learner sees the engine's π_old
+    assert m["logp_diff"] < 1e-4, m  # same weights, same temperature: the learner sees the engine's π_old
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert m["optimizer_steps"] == 1 and learner.version == 1
-    assert m["trained_tokens"] == sum(sum(s.loss_mask) for g in groups for x in g.samples for s in x.sequences)
+    assert m["trained_tokens"] == sum(sum(x.sequence.loss_mask) for g in groups for x in g.samples)
+    at_one = Learner(_cfg(tiny_model, "rollout.temperature=1.0"))  # a learner at the wrong temperature
+    assert at_one.step(groups)["logp_diff"] > 1e-2
+
+
+def test_recomputed_old_logprobs_replace_the_behaviour_ones(tiny_model, engine):
+    groups = _groups(engine, [[1.0, 0.0, 0.5, 0.0]] * 2)
+    for s in groups[0].samples:  # a rollout whose recorded log-probs are off (another engine's kernels)
+        s.sequence.old_logprobs = [x - 0.5 if m else x for x, m in zip(s.sequence.old_logprobs, s.sequence.loss_mask)]
+    plain = Learner(_cfg(tiny_model)).step(groups)
+    again = Learner(_cfg(tiny_model, "grpo.recompute_old_logprobs=true")).step(groups)
+    assert plain["ratio_mean"] > 1.1  # the gap shows up as ratio noise without recomputation
+    assert again["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # π_old = π_θ before the first pass
+    assert again["logp_diff"] == pytest.approx(0.25, abs=0.02)  # half the tokens are 0.5 off
+
+
+def _masked_loss_by_hand(model, seqs, advs, temperature):
+    """Eq. 11's first-pass loss (ratio 1 in value, token mean), computed per sequence without padding
+    from every position, then keeping only the mask-1 tokens."""
+    n = sum(sum(s.loss_mask) for s in seqs)
+    total = 0.0
+    for seq, a in zip(seqs, advs):
+        ids = torch.tensor([seq.input_ids])
+        logp = token_logprobs(model(input_ids=ids).logits[0, :-1], ids[0, 1:], temperature)
+        mask = torch.tensor(seq.loss_mask[1:], dtype=torch.float32)
+        old = torch.tensor(seq.old_logprobs[1:])
+        total = total - (a * torch.exp(logp - old) * mask).sum()
+    return total / n
+
+
+def test_gradient_reaches_only_mask_one_tokens(tiny_model):
+    """A micro-batch mixing prompt and completion lengths, one sequence with a masked span between two
+    trained spans: the learner's gradient equals the per-sequence hand computation over mask-1 tokens.
+    A learner that trained the prompt tail of the short-completion rows, or the middle span, fails."""
+    learner = Learner(_cfg(tiny_model, "grpo.kl_coef=0", "grpo.max_grad_norm=1e9", "grpo.micro_batch_size=8"))
+    # trained [start, end) spans: prompt 9 + 3 tokens; prompt 3 + 12 tokens; prompt 6, 2 trained, 4
+    # masked (a feedback turn), 4 trained. The longest tail reaches into the other rows' prompts.
+    shapes = [[(9, 12)], [(3, 15)], [(6, 8), (12, 16)]]
+    seqs = []
+    for i, spans in enumerate(shapes):
+        length = max(e for _, e in spans)
+        ids = [(7 * i + 3 * t) % 500 + 1 for t in range(length)]
+        mask = [int(any(a <= t < b for a, b in spans)) for t in range(length)]
+        with torch.no_grad():  # π_old = π_θ, as on a first pass: ratio 1, nothing clipped
+            logp = token_logprobs(learner.model(input_ids=torch.tensor([ids])).logits[0, :-1],
+                                  torch.tensor(ids[1:]), learner.temperature)
+        old = [0.0] + [x if m else 0.0 for x, m in zip(logp.tolist(), mask[1:])]
+        seqs.append(TokenSequence(ids, mask, old, spans))
+    advs = [1.0, -0.5, 0.8]
+    groups = [ScoredGroup("g", [Sample(s, output="", reward=a) for s, a in zip(seqs, advs)], 0)]
+    learner._flatten = lambda _groups: ([(s, a) for s, a in zip(seqs, advs)], 0)  # these advantages as given
+    learner.step(groups)
+    got = _grads(learner)
+    ref = Learner(_cfg(tiny_model, "grpo.kl_coef=0"))
+    ref.model.zero_grad()
+    _masked_loss_by_hand(ref.model, seqs, advs, ref.temperature).backward()
+    want = {n: p.grad for n, p in ref.model.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-6, rtol=1e-4), name
 
 
 def test_micro_batches_give_the_same_gradient(tiny_model, engine):

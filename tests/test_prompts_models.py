@@ -25,12 +25,15 @@ def test_stage1_prompt_renders_history_and_format_rule(tokenizer):
     assert text.index("I lost my job.") < text.index("I feel worthless.")
 
 
-def test_stage2_prompt_carries_initial_response_and_exemplars(tokenizer):
+def test_stage2_prompt_continues_stage1_with_the_draft_and_exemplars(tokenizer):
     msgs = prompts.stage2_messages(HISTORY, "  My draft reply. ", EXEMPLARS, max_turns=1)
     text = prompts.render(tokenizer, msgs)
     assert "My draft reply." in text and "[Exemplar 2]" in text and "You are more than one result." in text
     assert "I lost my job." not in text  # max_turns=1 keeps only the last client turn
-    assert msgs[-1] == HISTORY[-1]
+    assert msgs[:-2] == prompts.stage1_messages(HISTORY, max_turns=1)  # stage 2 continues stage 1
+    assert msgs[-2] == {"role": "assistant", "content": "My draft reply."}
+    assert msgs[-1] == prompts.feedback_message(EXEMPLARS) and msgs[-1]["role"] == "system"
+    assert text.endswith("<|im_start|>assistant\n")
 
 
 def test_rm_text_ends_with_candidate_reply(tokenizer):

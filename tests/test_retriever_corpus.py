@@ -1,6 +1,6 @@
 """The retrieval corpus: ESConv chunks come from train only (the test split never enters by default,
-and asking for it is refused), preference-pair chunks hold the chosen reply and skip test-split pairs,
-short and repeated chunks are dropped, ``limit`` keeps the first N. No model is loaded.
+and asking for it is refused), preference-pair chunks hold the chosen reply and a test-split pair is
+refused by name, short and repeated chunks are dropped, ``limit`` keeps the first N. No model is loaded.
 Run: .venv/bin/python -m pytest -q tests/test_retriever_corpus.py"""
 
 import json
@@ -55,16 +55,21 @@ def _pair(pid, split, chosen, rejected="Cheer up."):
             "rejected": rejected, "provenance": {"split": split, "dialogue_id": f"{split}-1"}}
 
 
-def test_pref_chunks_take_chosen_and_skip_test_pairs(tmp_path):
+def test_pref_chunks_take_chosen_and_refuse_test_pairs(tmp_path):
     path = tmp_path / "pairs.jsonl"
     rows = [_pair("a", "train", "That sounds really hard, tell me more."),
-            _pair("b", "test", "A test-split reply that must not leak."),
             _pair("c", "train", "ok")]  # too short: dropped
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     chunks = build_corpus(load_config(), source="prefs", pairs=str(path))
     assert [(c["id"], c["response"], c["source"]) for c in chunks] == \
         [("a", "That sounds really hard, tell me more.", "prefs")]
     assert chunks[0]["history"] == "Client: I feel bad (a)"
+    # a pair from the test split is refused with its id, not skipped in silence (by split or dialogue id)
+    for bad in (_pair("b", "test", "A test-split reply that must not leak."),
+                {**_pair("b", "train", "A reply."), "provenance": {"dialogue_id": "test-4"}}):
+        path.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], bad]))
+        with pytest.raises(DataError, match=r"pair 'b' comes from the test split 'test'.*retrieval index"):
+            build_corpus(load_config(), source="prefs", pairs=str(path))
     path.write_text('{"id": "x", "history": [], "chosen": 1}\n')
     with pytest.raises(DataError, match=r"pairs.jsonl:1"):
         build_corpus(load_config(), source="prefs", pairs=str(path))

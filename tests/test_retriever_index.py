@@ -105,12 +105,22 @@ def test_hnsw_and_ivf_agree_with_flat(index):
 def test_copied_chunk_comes_first(index, embedder):
     service = RetrieverService(index, embedder, load_config().retriever)
     picks = [index.chunks[i] for i in (3, 30, 63)]
-    results = service.search_batch([(embed_text(c), 3) for c in picks] + [("I feel so alone.", 5)])
+    results = service.search_batch([(embed_text(c), 3, None) for c in picks] + [("I feel so alone.", 5, None)])
     for chunk, hits in zip(picks, results):
         assert hits[0]["id"] == chunk["id"] and hits[0]["score"] > 0.99
         assert hits[0]["history"] == chunk["history"] and hits[0]["response"] == chunk["response"]
         assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
     assert [len(h) for h in results] == [3, 3, 3, 5]
+
+
+def test_excluding_a_dialogue_still_returns_k_hits(index, embedder):
+    service = RetrieverService(index, embedder, load_config().retriever)
+    chunk = index.chunks[30]
+    own = [c for c in index.chunks if c["dialogue_id"] == chunk["dialogue_id"]]
+    assert len(own) >= 5 and index.max_per_dialogue >= len(own)
+    (plain,), (kept,) = (service.search_batch([(embed_text(chunk), len(own), x)]) for x in (None, chunk["dialogue_id"]))
+    assert plain[0]["id"] == chunk["id"]
+    assert len(kept) == len(own) and not any(h["id"] in {c["id"] for c in own} for h in kept)
 
 
 def _metric(text: str, name: str) -> float:
@@ -125,14 +135,14 @@ async def _call(app, requests):
 
 
 def test_app_coalesces_concurrent_queries(index, embedder):
-    rc = dataclasses.replace(load_config().retriever, max_wait_ms=200, embed_batch_size=64)
+    rc = dataclasses.replace(load_config().retriever, max_wait_ms=600_000, embed_batch_size=12)  # close on count
     app = build_app(RetrieverService(index, embedder, rc))
     queries = [embed_text(c) for c in index.chunks[:24]]
     answers, metrics = asyncio.run(_call(app, [{"json": {"queries": [q], "k": 2}} for q in queries]))
     assert [a.status_code for a in answers] == [200] * 24
     assert [a.json()["results"][0][0]["id"] for a in answers] == [c["id"] for c in index.chunks[:24]]
-    batches = _metric(metrics, "retriever_batch_size_count")
-    assert _metric(metrics, "retriever_batch_size_sum") == 24 and 1 <= batches <= 4
+    assert _metric(metrics, "retriever_batch_size_sum") == 24
+    assert _metric(metrics, "retriever_batch_size_count") == 2  # 24 single-query requests, two embed calls
     assert _metric(metrics, "retriever_queries_total") == 24
 
 

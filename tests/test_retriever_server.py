@@ -13,6 +13,7 @@ import pytest
 from conftest import free_port
 
 from escrag import cli
+from escrag.config import RetrieverConfig
 from escrag.http_client import ServiceError
 from retriever_server.client import RetrieverClient
 from retriever_server.corpus import embed_text
@@ -34,17 +35,17 @@ def _chunks(index_dir):
 
 
 async def _query(url, chunks):
-    client = RetrieverClient(url, api_key=KEY, timeout=60)
+    client = RetrieverClient(url, api_key=KEY)
     try:
         singles = await asyncio.gather(*(client.retrieve([embed_text(c)], k=3) for c in chunks[:8]))
         batched = await client.retrieve([embed_text(c) for c in chunks[8:16]], k=2)
         health = await client.health()
     finally:
         await client.aclose()
-    denied = RetrieverClient(url, api_key="wrong", retries=0)
+    denied = RetrieverClient(url, api_key="wrong")
     try:
         with pytest.raises(ServiceError, match=r"/retrieve rejected the request \(HTTP 401"):
-            await denied.retrieve(["hello"])
+            await denied.retrieve(["hello"], k=3)
     finally:
         await denied.aclose()
     return [s[0] for s in singles], batched, health
@@ -100,11 +101,11 @@ def test_client_names_url_of_unreachable_server():
     url = f"http://127.0.0.1:{free_port()}"
 
     async def main():
-        client = RetrieverClient(url, retries=2, backoff=0.01, timeout=5)
+        client = RetrieverClient(url, RetrieverConfig(wait_s=0.5, backoff_s=0.01, timeout_s=5))
         try:
-            await client.retrieve(["hello"])
+            await client.retrieve(["hello"], k=3)
         finally:
             await client.aclose()
 
-    with pytest.raises(ServiceError, match=rf"POST {url}/retrieve failed after 3 attempts \(ConnectError"):
+    with pytest.raises(ServiceError, match=rf"POST {url}/retrieve failed after \d+ attempt\(s\) over \d+ s \(ConnectError"):
         asyncio.run(main())

@@ -7,6 +7,7 @@ fails clearly.
 Run: .venv/bin/python -m pytest -q tests/test_reward_server.py"""
 
 import asyncio
+import threading
 
 import httpx
 import pytest
@@ -75,7 +76,7 @@ BAD_GET_REWARD = [
 
 
 def test_in_process_app_rejects_bad_input_with_4xx_detail():
-    app = build_app(RewardService.from_rule("keyword:hello", RewardConfig(max_queue=4)), max_body_bytes=4096)
+    app = build_app(RewardService.from_rule("keyword:hello", RewardConfig(max_queue=4, max_body_bytes=4096)))
 
     async def main():
         async with _asgi(app) as c:
@@ -96,8 +97,15 @@ def test_in_process_app_rejects_bad_input_with_4xx_detail():
 
 
 def test_full_queue_answers_503_with_retry_after_and_token_is_required():
-    rc = RewardConfig(max_queue=4, max_batch=64, max_wait_ms=400)
-    app = build_app(RewardService.from_rule("length:3", rc), api_key="sekrit")
+    gate = threading.Event()
+    rule = parse_rule("length:3")
+
+    def gated(items):  # the length rule, held until the test opens the gate: a batch stays in flight
+        gate.wait(60)
+        return [rule(h, t) for h, t in items], [False] * len(items)
+
+    service = RewardService(gated, "gated:length:3", RewardConfig(max_queue=4, max_batch=64, max_wait_ms=0))
+    app = build_app(service, api_key="sekrit")
     auth = {"Authorization": "Bearer sekrit"}
 
     async def main():
@@ -107,10 +115,12 @@ def test_full_queue_answers_503_with_retry_after_and_token_is_required():
             assert (await c.get("/health")).status_code == 200  # health stays open
             first = asyncio.create_task(c.post("/score", json={"items": [{"history": HIST, "output": "a b c"}] * 4},
                                                headers=auth))
-            await asyncio.sleep(0.1)  # the first 4 items now wait in the 400 ms batching window
+            while service.batcher.pending < 4:  # wait for the condition, not for a window
+                await asyncio.sleep(0.01)
             second = await c.post("/score", json={"items": [{"history": HIST, "output": "a"}]}, headers=auth)
             assert second.status_code == 503 and second.headers["retry-after"] == "1"
-            assert "busy" in second.json()["detail"]
+            assert "overloaded" in second.json()["detail"]
+            gate.set()
             assert (await first).json()["rm_scores"] == [1.0] * 4
             metrics = (await c.get("/metrics")).text
             assert "escrag_reward_queue_full_total 1.0" in metrics
@@ -148,7 +158,7 @@ def test_real_rm_server_over_socket(serve, head_dir):
     assert truncated == [False, False, True]
 
     async def main():
-        client = RewardClient(url, api_key="sekrit", timeout=30, retries=1)
+        client = RewardClient(url, api_key="sekrit")
         try:
             out = await client.score(items)
             singles = await asyncio.gather(*(client.score([items[i % 2]]) for i in range(16)))
@@ -162,7 +172,7 @@ def test_real_rm_server_over_socket(serve, head_dir):
     assert out["format_rewards"] == [1.0, 0.0, 1.0]
     assert out["rewards"] == pytest.approx([expected[0] + 1, expected[1], expected[2] + 1], abs=1e-4)
     assert [s["rm_scores"][0] for s in singles] == pytest.approx([expected[i % 2] for i in range(16)], abs=1e-4)
-    assert health["scorer"] == "rm" and health["items"] == 19 and health["batches"] < 17  # coalesced
+    assert health["scorer"] == "rm" and health["items"] == 19  # coalescing: tests/test_batching.py
     assert health["truncations"] == 1
 
     auth = {"Authorization": "Bearer sekrit"}
@@ -197,10 +207,10 @@ def test_client_fails_clearly(serve):
     url = serve(["reward", "--rule", "length:3"])
 
     async def main():
-        dead = RewardClient(f"http://127.0.0.1:{free_port()}", timeout=2, retries=1)
-        with pytest.raises(ServiceError, match=r"127\.0\.0\.1.*/score failed after 2 attempts"):
+        dead = RewardClient(f"http://127.0.0.1:{free_port()}", RewardConfig(timeout_s=2, wait_s=0.5, backoff_s=0.01))
+        with pytest.raises(ServiceError, match=r"127\.0\.0\.1.*/score failed after \d+ attempt"):
             await dead.score([{"history": HIST, "output": "x"}])
-        live = RewardClient(url, retries=3)
+        live = RewardClient(url)
         with pytest.raises(ServiceError, match="rejected the request.*422"):
             await live.score([{"history": [], "output": "x"}])
         assert await live.score([]) == {"rewards": [], "rm_scores": [], "format_rewards": []}

@@ -5,18 +5,27 @@ reward server process (``vowels`` rule) and the session Ray head:
   succeeds and writes metrics, a checkpoint, the merged policy and the plot;
 - resume: the job is killed (SIGKILL) right after a checkpoint, ``--resume`` continues from that
   checkpoint's step, and every step's data position equals that of an uninterrupted run, with an
-  epoch boundary crossed after the resume; the metrics log holds each step exactly once.
+  epoch boundary crossed after the resume; the metrics log holds each step exactly once, and every
+  sampled output equals the uninterrupted run's (seeds are derived per step and state);
+- services: a reward server the job started (with ``ESCRAG_API_KEY`` set, so the workers must send it)
+  and a retriever the job started are each killed with SIGKILL mid-run; the job restarts them, finishes
+  every step with every group once, and its metrics count the restart; a reward server the job was
+  only given goes away, and the job stops with exit 1, a one-line message naming the URL, and a
+  checkpoint at the last finished step.
 
 Vanilla rollouts (``rollout.rag: false``) keep it cheap; the two-stage path runs in the demo.
 Run: .venv/bin/python -m pytest -q tests/test_train_job.py   (~150 s on 2 shared cores, ~70 s CPU)"""
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from escrag.servers import ServerProcess
 from trainer.checkpoint import StateSampler
 from trainer.metrics import read_metrics
 
@@ -24,14 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 EXCLUDES = [".venv", ".cache", "runs", ".git", "bench/.cache", "**/__pycache__", ".pytest_cache"]
 
 
-def _overrides(out: Path, reward_url: str, steps: int) -> list[str]:
-    items = [f"run.output_dir={out}", f"reward.url={reward_url}", "rollout.rag=false", f"grpo.steps={steps}",
+def _overrides(out: Path, reward_url: str | None, steps: int) -> list[str]:
+    """A small vanilla-GRPO job; without ``reward_url`` the job serves the ``vowels`` rule itself."""
+    reward = f"reward.url={reward_url}" if reward_url else "reward.rule=vowels"
+    items = [f"run.output_dir={out}", reward, "rollout.rag=false", f"grpo.steps={steps}",
              "grpo.checkpoint_every=1", "data.max_history_turns=1", "data.max_train_states=5",
              "grpo.batch_states=2", "rollout.max_new_tokens_stage1=8", "rollout.torch_threads=1"]
     return [arg for item in items for arg in ("-o", item)]
 
 
-def _job(out: Path, reward_url: str, steps: int) -> list[str]:
+def _job(out: Path, reward_url: str | None, steps: int) -> list[str]:
     return [sys.executable, "-m", "ray_jobs.train_grpo", "--config", "configs/cpu-test.yaml",
             *_overrides(out, reward_url, steps)]
 
@@ -64,10 +75,17 @@ def _wait_for_checkpoint(proc, latest: Path, log: Path, min_step: int, timeout: 
     raise AssertionError(f"no checkpoint >= {min_step} after {timeout} s:\n{log.read_text()[-4000:]}")
 
 
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def test_kill_and_resume_continue_exactly(ray_session, serve, tmp_path):
     reward_url = serve(["reward", "--rule", "vowels"])
     out, steps, log = tmp_path / "run", 6, tmp_path / "job.log"
     cmd = _job(out, reward_url, steps) + ["-o", f"ray.address={ray_session.address}"]
+    straight = subprocess.run(_job(tmp_path / "straight", reward_url, steps) + ["-o", f"ray.address={ray_session.address}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert straight.returncode == 0, straight.stderr[-3000:]
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
     try:
@@ -90,3 +108,87 @@ def test_kill_and_resume_continue_exactly(ray_session, serve, tmp_path):
     state = json.loads((out / "checkpoints" / f"step-{steps:06d}" / "state.json").read_text())
     assert state["step"] == steps and state["sampler"] == fresh.state_dict()
     assert state["version"] == rows[-1]["version"]
+    resumed_samples, straight_samples = _rows(out / "samples.jsonl"), _rows(tmp_path / "straight" / "samples.jsonl")
+    assert [r["step"] for r in resumed_samples] == [r["step"] for r in straight_samples] == [
+        s for s in range(1, steps + 1) for _ in range(2)]
+    assert resumed_samples == straight_samples  # the resumed run drew exactly what the uninterrupted one did
+
+
+def _started_pid(log: Path, name: str, timeout: float = 300) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        m = re.search(rf"\[job\] {name} server up at \S+ \(pid (\d+)\)", log.read_text())
+        if m:
+            return int(m.group(1))
+        time.sleep(0.1)
+    raise AssertionError(f"no {name} server started:\n{log.read_text()[-3000:]}")
+
+
+def _wait_rows(out: Path, n: int, proc, log: Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (out / "metrics.jsonl").is_file() and len(read_metrics(out / "metrics.jsonl")) >= n:
+            return
+        assert proc.poll() is None, f"job exited early:\n{log.read_text()[-4000:]}"
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {n} steps after {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def _survives(ray_session, tmp_path, name: str, extra: list[str], env: dict) -> list[dict]:
+    """Run a 4-step job that starts its own servers; SIGKILL the ``name`` server after step 1."""
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    cmd = _job(out, None, 4) + ["-o", f"ray.address={ray_session.address}", *extra]
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    try:
+        pid = _started_pid(log, name)
+        _wait_rows(out, 1, proc, log)
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(400) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert f"[job] {name} server (pid {pid}) exited" in text and f"{name} server back at" in text
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["groups"] == 2 for r in rows)
+    assert rows[-1][f"restarts_{name}"] >= 1
+    return rows
+
+
+def test_job_restarts_a_killed_reward_server_and_sends_the_api_key(ray_session, tmp_path):
+    rows = _survives(ray_session, tmp_path, "reward", ["-o", "rollout.rag=false"], {"ESCRAG_API_KEY": "job-secret"})
+    assert all(0.0 <= r["reward_mean"] <= 2.0 for r in rows)
+
+
+def test_job_restarts_a_killed_retriever(ray_session, tmp_path):
+    index = tmp_path / "index"
+    subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out", str(index),
+                    "--limit", "40"], cwd=ROOT, check=True, capture_output=True)
+    rows = _survives(ray_session, tmp_path, "retriever",
+                     ["-o", "rollout.rag=true", "-o", f"retriever.index_dir={index}", "-o", "retriever.k=2"], {})
+    assert all(0.0 <= r["stage1_format_mean"] <= 1.0 for r in rows)
+
+
+def test_job_stops_cleanly_when_a_given_service_stays_down(ray_session, tmp_path):
+    server = ServerProcess("reward", ["reward", "--rule", "vowels"], tmp_path)
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    cmd = _job(out, server.url, 20) + ["-o", f"ray.address={ray_session.address}", "-o", "reward.wait_s=3",
+                                       "-o", "grpo.checkpoint_every=100"]
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        _wait_rows(out, 2, proc, log)
+        server.stop()
+        assert proc.wait(300) == 1, log.read_text()[-4000:]
+    finally:
+        server.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    last = log.read_text().strip().splitlines()[-1]
+    assert last.startswith("train_grpo: error: POST ") and f"{server.url}/score failed" in last and "--resume" in last
+    done = len(read_metrics(out / "metrics.jsonl"))
+    state = json.loads((out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip() / "state.json").read_text())
+    assert state["step"] == done >= 2

@@ -1,7 +1,9 @@
-"""Per-step training metrics: a JSONL log, TensorBoard scalars and the final PNG of reward and KL.
+"""Per-step training logs: JSONL files, TensorBoard scalars and the final PNG of reward and KL.
 
-Owns: ``MetricsLog`` (append one JSON object per step; on resume, lines past the checkpoint's step
-are dropped so the log reads as one uninterrupted run) and ``plot_curves``.
+Owns: ``StepLog`` (append one JSON object per line, each with a ``step``; on resume, lines past the
+checkpoint's step are dropped so the file reads as one uninterrupted run), ``MetricsLog`` (the step
+metrics in ``metrics.jsonl``, mirrored to TensorBoard), and ``plot_curves``. The job also keeps
+``samples.jsonl`` (every sampled output, its reward and exemplars) through a ``StepLog``.
 """
 
 from __future__ import annotations
@@ -12,27 +14,32 @@ from pathlib import Path
 from escrag.atomic import atomic_file, write_text
 
 
-class MetricsLog:
-    def __init__(self, out_dir: str | Path, resume_step: int | None = None, tensorboard: bool = True):
-        self.path = Path(out_dir) / "metrics.jsonl"
+class StepLog:
+    def __init__(self, path: str | Path, resume_step: int | None = None):
+        self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
-            self.path.write_text("")
+            write_text(self.path, "")
         else:
-            self._truncate(resume_step)
+            rows = read_metrics(self.path) if self.path.exists() else []
+            write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resume_step))
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+class MetricsLog(StepLog):
+    def __init__(self, out_dir: str | Path, resume_step: int | None = None, tensorboard: bool = True):
+        super().__init__(Path(out_dir) / "metrics.jsonl", resume_step)
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
-    def _truncate(self, step: int) -> None:
-        rows = read_metrics(self.path) if self.path.exists() else []
-        write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
-
     def write(self, row: dict) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        super().write(row)
         if self.tb is not None:
             for key, value in row.items():
                 if isinstance(value, (int, float)) and key != "step":

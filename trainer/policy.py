@@ -1,13 +1,20 @@
 """The trainable policy: a causal LM, optionally wrapped with LoRA (peft), and its merged export.
 
-Owns: building the policy from ``PolicyConfig`` (SFT and the GRPO learner share it), the merged
-base-model weights under LoRA (W + scale·B·A, with the base model's HF parameter names), and saving a
-plain model folder that ``escrag.models.load_causal_lm`` loads, so every other part of the project
-only ever sees a path. Saving is atomic (``escrag.atomic.atomic_dir``).
+Owns: building the policy from ``PolicyConfig`` (SFT and the GRPO learner share it), its precision
+(``compute``), the merged base-model weights under LoRA (W + scale·B·A, with the base model's HF
+parameter names), and saving a plain model folder that ``escrag.models.load_causal_lm`` loads, so
+every other part of the project only ever sees a path. Saving is atomic (``escrag.atomic.atomic_dir``).
+
+Precision. Trainable weights are always float32 (master weights): with weights near 0.02 and a step
+of lr 1e-6, an Adam update is far below bfloat16's resolution (8 bits of mantissa) and would round
+away. ``policy.dtype`` is the compute dtype: bfloat16 or float16 run the forward passes under
+``torch.autocast`` (CPU and GPU alike). The LoRA merge is done in float32, and weights are cast to the
+engines' dtype once, when exported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -15,17 +22,18 @@ import torch
 
 from escrag.atomic import atomic_dir
 from escrag.config import PolicyConfig
-from escrag.models import load_causal_lm, load_tokenizer
+from escrag.models import load_causal_lm, load_tokenizer, resolve_device, torch_dtype
+from escrag.sampling import token_logprobs
 
 PEFT_PREFIX = "base_model.model."
 
 
 def build_policy(cfg: PolicyConfig, model: str | None = None):
-    """(model, tokenizer) for ``model`` (default ``cfg.model``); with LoRA, a peft model whose base
-    weights are frozen. Returns the model in train mode."""
+    """(model, tokenizer) for ``model`` (default ``cfg.model``): float32 weights on ``cfg.device``;
+    with LoRA, a peft model whose base weights are frozen. Returns the model in train mode."""
     spec = model or cfg.model
     tok = load_tokenizer(spec)
-    lm = load_causal_lm(spec, cfg.dtype)
+    lm = load_causal_lm(spec, "float32").to(resolve_device(cfg.device))
     if cfg.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
@@ -35,6 +43,14 @@ def build_policy(cfg: PolicyConfig, model: str | None = None):
         lm = get_peft_model(lm, peft_cfg)
     lm.train()
     return lm, tok
+
+
+def compute(cfg: PolicyConfig, model):
+    """The context forward passes run in: autocast to ``cfg.dtype`` unless it is float32."""
+    if cfg.dtype == "float32":
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=torch_dtype(cfg.dtype))
 
 
 def is_lora(model) -> bool:
@@ -52,13 +68,14 @@ def _lora_layers(model):
 
 @torch.no_grad()
 def lora_merged_weights(model) -> dict[str, torch.Tensor]:
-    """Under LoRA: ``{"<module>.weight": W + ΔW}`` for the LoRA target modules only (HF base names)."""
+    """Under LoRA: ``{"<module>.weight": W + ΔW}`` for the LoRA target modules only (HF base names),
+    summed in float32 whatever the base dtype, so a small ΔW is not rounded away."""
     out = {}
     for name, layer in _lora_layers(model):
-        weight = layer.get_base_layer().weight.detach().clone()
+        weight = layer.get_base_layer().weight.detach().float().clone()
         for adapter in layer.active_adapters:
             if adapter in layer.lora_A:
-                weight += layer.get_delta_weight(adapter).to(weight.dtype)
+                weight += layer.get_delta_weight(adapter).float()
         out[f"{name}.weight"] = weight
     return out
 
@@ -113,17 +130,17 @@ def left_pad(seqs: list[list[int]], pad_id: int):
     return ids, attn, pos
 
 
-def tail_logprobs(model, seqs: list[list[int]], keep: int, pad_id: int) -> torch.Tensor:
-    """log π(x_t | x_<t) for the last ``keep`` tokens of every sequence: [B, keep] (float32).
+def tail_logprobs(model, seqs: list[list[int]], keep: int, pad_id: int, temperature: float = 1.0) -> torch.Tensor:
+    """log π(x_t | x_<t) for the last ``keep`` tokens of every sequence: [B, keep] (float32), from
+    the logits divided by ``temperature`` (``escrag.sampling.token_logprobs``: the quantity the
+    engines record at that sampling temperature; SFT's likelihood uses 1).
 
     Sequences are left-padded so their ends line up, and the LM head runs on the last ``keep + 1``
     positions only (``logits_to_keep``): on a 49k vocabulary the head and the log-softmax dominate
-    the cost of a small model otherwise. Log-probs are of the raw logits (temperature 1).
+    the cost of a small model otherwise.
     """
-    ids, attn, pos = left_pad(seqs, pad_id)
+    device = next(model.parameters()).device
+    ids, attn, pos = (t.to(device) for t in left_pad(seqs, pad_id))
     keep = min(keep, ids.shape[1] - 1)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep + 1).logits
-    logits = logits[:, :-1].float()  # [B, keep, V]: position j predicts token T - keep + j
-    target = ids[:, -keep:]
-    picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    return token_logprobs(logits[:, :-1], ids[:, -keep:], temperature)  # position j predicts T - keep + j

@@ -27,7 +27,7 @@ from pathlib import Path
 from escrag.config import Config, load_config, output_path
 from escrag.data import DialogueState, load_states, read_jsonl
 from escrag.errors import UserError
-from escrag.formats import parse_output
+from escrag.formats import compose, parse_output
 from escrag.prompts import render, stage1_messages
 
 STRATEGY_PLANS = {
@@ -57,7 +57,7 @@ def bootstrap_demonstrations(states: list[DialogueState], n: int, seed: int = 0)
     pool = [s for s in states if s.target.strip()]
     picked = random.Random(seed).sample(pool, min(n, len(pool)))
     return [{"history": s.history,
-             "output": f"<think>{rationale(s)}</think><response>{s.target.strip()}</response>",
+             "output": compose(rationale(s), s.target),
              "id": f"{s.dialogue_id}/{s.turn_index}"} for s in picked]
 
 
@@ -72,7 +72,7 @@ def _check_demo(obj, where: str) -> dict:
         raise UserError(f"{where}: 'history' must end with a user (client) turn")
     output = obj.get("output")
     if output is None and isinstance(obj.get("think"), str) and isinstance(obj.get("response"), str):
-        output = f"<think>{obj['think'].strip()}</think><response>{obj['response'].strip()}</response>"
+        output = compose(obj["think"], obj["response"])
     if not isinstance(output, str):
         raise UserError(f"{where}: needs 'output' (str) or both 'think' and 'response' (str)")
     parsed = parse_output(output)
@@ -108,7 +108,7 @@ def _micro_nll(model, batch: list[tuple[list[int], list[int]]], pad_id: int):
     counts = [sum(1 for y in labels if y != -100) for _, labels in batch]  # targets are the tail
     keep = max(counts)
     logp = tail_logprobs(model, [ids for ids, _ in batch], keep, pad_id)
-    mask = torch.tensor([[0.0] * (keep - n) + [1.0] * n for n in counts])
+    mask = torch.tensor([[0.0] * (keep - n) + [1.0] * n for n in counts], device=logp.device)
     return -(logp * mask).sum()
 
 
@@ -126,7 +126,7 @@ def train_sft(cfg: Config, data: str | None = None, out: str | Path | None = Non
     import torch
     from tqdm import tqdm
 
-    from trainer.policy import build_policy, save_merged
+    from trainer.policy import build_policy, compute, save_merged
 
     sc = cfg.sft
     torch.manual_seed(cfg.run.seed)
@@ -150,10 +150,11 @@ def train_sft(cfg: Config, data: str | None = None, out: str | Path | None = Non
         n_tok = sum(sum(1 for y in ex[1] if y != -100) for mb in micro for ex in mb)
         step_loss = 0.0
         for mb in micro:
-            nll = _micro_nll(model, mb, tok.pad_token_id)
+            with compute(cfg.policy, model):
+                nll = _micro_nll(model, mb, tok.pad_token_id)
             (nll / n_tok).backward()
             step_loss += nll.item() / n_tok
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(params, sc.max_grad_norm)
         opt.step()
         losses.append(step_loss)
     model.eval()

@@ -1,0 +1,246 @@
+"""Async client of OpenAI-compatible chat endpoints: limits, retries, accounting, a record of every call.
+
+Owns: ``ChatEndpoint`` (one configured endpoint; ``await chat(messages, ...)`` -> ``ChatResult``),
+``CallLog`` (the append-only JSONL record of every call and the running token and cost totals, which
+progress bars show) and ``EndpointError``. The judge, the evaluation's systems and preference
+construction all reach LLMs through it; the config section is ``escrag.config.EndpointConfig``.
+
+One call: wait for a concurrency slot (``max_concurrency``) and, per attempt, a start slot
+(``requests_per_minute``: starts are spaced 60/rpm seconds apart, so a burst never trips the
+provider's limit), then ``POST {base_url}/chat/completions`` with a total timeout per attempt.
+Connection errors, timeouts, 429 and 5xx are retried up to ``retries`` times with exponential backoff
+(``backoff_s`` doubling, times a jitter in [0.5, 1], capped at ``max_backoff_s``); a ``Retry-After``
+header (seconds) replaces the backoff. Any other 4xx fails at once: the request itself is wrong. The
+concurrency slot is released while a call sleeps between attempts. Tokens come from the response's
+``usage``; cost = tokens x the configured USD price per million. Each call (not each attempt) is one
+JSON line in the log: request, response or error, every attempt's status and latency, tokens, cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from escrag.config import EndpointConfig
+from escrag.errors import ServiceError, UserError
+
+
+class EndpointError(ServiceError):
+    """A chat call failed for good; ``status`` is the last HTTP status (None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ChatResult:
+    text: str  # choices[0].message.content
+    raw: dict  # the whole response body (extra fields such as the counselor's ``escrag`` included)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0  # USD
+    latency_s: float = 0.0  # first attempt's start to the answer, waits included
+    attempts: int = 1
+
+
+@dataclass
+class _Totals:
+    calls: int = 0
+    failed: int = 0
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    without_usage: int = 0  # answers that carried no ``usage`` (tokens and cost unknown)
+
+
+@dataclass
+class CallLog:
+    """Every call of every endpoint sharing this log: a JSONL file (optional) and running totals."""
+
+    path: str | Path | None = None
+    totals: dict[str, _Totals] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._lock = threading.Lock()
+        self._fh = None
+        if self.path is not None:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
+    def record(self, endpoint: str, entry: dict, result: ChatResult | None) -> None:
+        with self._lock:
+            t = self.totals.setdefault(endpoint, _Totals())
+            t.calls += 1
+            t.attempts += len(entry["attempts"])
+            if result is None:
+                t.failed += 1
+            else:
+                t.prompt_tokens += result.prompt_tokens
+                t.completion_tokens += result.completion_tokens
+                t.cost += result.cost
+                t.without_usage += "usage" not in result.raw
+            if self._fh is not None:
+                self._fh.write(json.dumps({"endpoint": endpoint, **entry}, ensure_ascii=False) + "\n")
+                self._fh.flush()
+
+    @property
+    def calls(self) -> int:
+        return sum(t.calls for t in self.totals.values())
+
+    @property
+    def cost(self) -> float:
+        return sum(t.cost for t in self.totals.values())
+
+    def summary(self) -> dict:
+        return {name: vars(t).copy() for name, t in sorted(self.totals.items())}
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after", "")
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # absent, or an HTTP date: fall back to the backoff
+
+
+class ChatEndpoint:
+    """``await ChatEndpoint(name, cfg, log).chat(messages, temperature=0, max_tokens=200)``."""
+
+    def __init__(self, name: str, cfg: EndpointConfig, log: CallLog | None = None):
+        if not cfg.base_url or not cfg.model:
+            raise UserError(f"endpoints.{name}: base_url and model are required")
+        self.name, self.cfg, self.log = name, cfg, log or CallLog()
+        self.url = cfg.base_url.rstrip("/") + "/chat/completions"
+        headers = {}
+        if cfg.api_key_env:
+            key = os.environ.get(cfg.api_key_env)
+            if not key:
+                raise UserError(f"endpoints.{name}.api_key_env: environment variable {cfg.api_key_env} "
+                                "is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        self._headers = headers
+        self._loop = None
+        self._client: httpx.AsyncClient | None = None
+        self._next_start = 0.0
+
+    def _bind(self) -> None:
+        """httpx clients and asyncio primitives belong to one event loop: make them for this one."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            self._client = httpx.AsyncClient(headers=self._headers, timeout=self.cfg.timeout_s,
+                                             limits=httpx.Limits(max_connections=self.cfg.max_concurrency))
+            self._slots = asyncio.Semaphore(self.cfg.max_concurrency)
+            self._rate = asyncio.Lock()
+
+    async def _start_slot(self) -> None:
+        if not self.cfg.requests_per_minute:
+            return
+        async with self._rate:
+            now = time.monotonic()
+            wait = self._next_start - now
+            self._next_start = max(now, self._next_start) + 60.0 / self.cfg.requests_per_minute
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.cfg.max_backoff_s)
+        return min(self.cfg.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0), self.cfg.max_backoff_s)
+
+    async def _attempt(self, body: dict) -> tuple[dict | None, dict, float | None]:
+        """One POST: (response body or None, the attempt's record, Retry-After). Raises EndpointError
+        for answers that must not be retried."""
+        rec: dict = {}
+        async with self._slots:
+            await self._start_slot()
+            t0 = time.monotonic()
+            try:
+                resp = await asyncio.wait_for(self._client.post(self.url, json=body), self.cfg.timeout_s)
+            except (httpx.TransportError, TimeoutError) as exc:
+                name = type(exc).__name__
+                rec.update(status=None, error=f"{name}: {exc}" if str(exc) else name)
+                return None, {**rec, "latency_s": round(time.monotonic() - t0, 4)}, None
+        rec.update(status=resp.status_code, latency_s=round(time.monotonic() - t0, 4))
+        if resp.status_code >= 400:
+            rec["error"] = resp.text[:500]
+            if resp.status_code < 500 and resp.status_code != 429:
+                raise EndpointError(f"POST {self.url} rejected the request (HTTP {resp.status_code}: "
+                                    f"{resp.text[:300]})", resp.status_code)
+            return None, rec, _retry_after(resp)
+        try:
+            data = resp.json()
+            if not isinstance(data["choices"][0]["message"]["content"], str):
+                raise TypeError("content is not a string")
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            rec["error"] = f"answer without choices[0].message.content ({exc}): {resp.text[:300]}"
+            return None, rec, None
+        return data, rec, None
+
+    def _result(self, data: dict, t0: float, attempts: int) -> ChatResult:
+        usage = data.get("usage") or {}
+        pt, ct = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        cost = (pt * self.cfg.price_input_per_m + ct * self.cfg.price_output_per_m) / 1e6
+        return ChatResult(data["choices"][0]["message"]["content"], data, pt, ct, cost,
+                          time.monotonic() - t0, attempts)
+
+    async def chat(self, messages: list[dict], *, temperature: float | None = None,
+                   max_tokens: int | None = None, seed: int | None = None, tag: str | None = None,
+                   **extra) -> ChatResult:
+        """One chat completion. ``extra`` goes into the request body as is (``top_p``,
+        ``response_format``, ...); ``tag`` only labels the call in the log."""
+        self._bind()
+        params = {"temperature": temperature, "max_tokens": max_tokens, "seed": seed, **extra}
+        body = {"model": self.cfg.model, "messages": messages,
+                **{k: v for k, v in params.items() if v is not None}}
+        t0, attempts, error, status = time.monotonic(), [], "no attempt made", None
+        try:
+            for attempt in range(1, self.cfg.retries + 2):
+                data, rec, retry_after = await self._attempt(body)
+                attempts.append(rec)
+                if data is not None:
+                    result = self._result(data, t0, attempt)
+                    self._record(tag, body, attempts, result=result)
+                    return result
+                error, status = rec.get("error", "failed"), rec.get("status")
+                if attempt <= self.cfg.retries:
+                    await asyncio.sleep(self._backoff(attempt, retry_after))
+        except EndpointError as exc:
+            attempts.append({"status": exc.status, "error": str(exc)})
+            self._record(tag, body, attempts, error=str(exc))
+            raise
+        message = (f"POST {self.url} failed after {len(attempts)} attempts "
+                   f"(last: {'HTTP ' + str(status) if status else 'no answer'}: {error[:300]})")
+        self._record(tag, body, attempts, error=message)
+        raise EndpointError(message, status)
+
+    def _record(self, tag, body, attempts, result: ChatResult | None = None, error: str | None = None):
+        entry = {"time": time.time(), "tag": tag, "request": body, "attempts": attempts}
+        if result is not None:
+            entry.update(response=result.raw, latency_s=round(result.latency_s, 4),
+                         prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+                         cost=result.cost)
+        else:
+            entry["error"] = error
+        self.log.record(self.name, entry, result)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+            self._loop = None
