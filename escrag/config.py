@@ -182,6 +182,7 @@ class SafetyConfig:
     cache_size: int = _f(4096, ge=0)  # sentences whose head output is kept (a growing chat re-sends its turns)
     locale: str = _f("international", choices=("international", "us", "uk", "ie", "ca", "au", "eu"))
     help_text: str | None = None  # where to get help, in your own words; replaces the locale's lines
+    rollout_metric: bool = True  # GRPO steps report risk_high_frac / risk_elevated_frac over their rollouts
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The crisis check of a conversation, and the reply that names where to get help at high risk.
 
 Owns: ``RiskClassifier`` (``from_config(cfg)``, ``assess(history)``, ``assess_many(histories)``),
-``RiskAssessment`` (level none / elevated / high, categories, reasons), the embedding head fitted on
+``RiskAssessment`` (level none / elevated / high, categories, reasons), the metric helpers
+(``with_answer``, ``level_counts``), the embedding head fitted on
 ``data/safety/tuning.jsonl``, the crisis data sets' reader (``load_cases``) and ``safety_reply``.
 Three layers use it: the counselor API (every reply), the GRPO rollouts and the evaluation (a
 reported metric). The categories and levels are those of docs/safety.md.
@@ -243,6 +244,23 @@ def rule_hits(history: list[dict]) -> tuple[list[Hit], list[tuple[int, str, set[
             sentences.append((t, s, lowered | R.head_caps(s, norm)))
     hits += _combos(hits)
     return hits, sentences
+
+
+def with_answer(history: list[dict], answer: str) -> list[dict]:
+    """The conversation followed by the counselor's answer, for the risk metric of rollouts and
+    evaluation answers. The check reads client turns only, so the answer goes in as one more turn:
+    its own words are checked too (a reply that names a method reads as high)."""
+    return [*history, {"role": "user", "content": answer}]
+
+
+def level_counts(assessments: list[RiskAssessment]) -> dict:
+    """Count and fraction of high and elevated assessments: ``{"n", "high", "elevated", "high_frac",
+    "elevated_frac"}``."""
+    n = len(assessments)
+    high = sum(a.level == "high" for a in assessments)
+    elevated = sum(a.level == "elevated" for a in assessments)
+    return {"n": n, "high": high, "elevated": elevated,
+            "high_frac": high / n if n else 0.0, "elevated_frac": elevated / n if n else 0.0}
 
 
 # ------------------------------------------------------------------------------ data sets

@@ -1,9 +1,10 @@
 """``escrag safety eval``: the crisis check against a labelled set, and the tuning/evaluation split.
 
 Owns: ``evaluate`` (per-category confusion of the high boundary: high cases caught, not-high cases
-flagged high), ``format_report`` (the table, with the targets of docs/safety.md), ``near_duplicates``
-(character n-gram overlap between two sets of cases, used by the separation test and printed by the
-report) and ``main``. The report exits 0 whether or not the targets are met; the JSON is written
+flagged high), ``format_report`` (the table, with the targets of docs/safety.md), the separation
+checks between two sets of cases (``shared_turn_sequences``: equal normalised turn runs;
+``near_duplicates``: character n-gram overlap of the client text; ``embedding_duplicates``: cosine of
+the embedded client text), used by the separation test and printed by the report, and ``main``. The report exits 0 whether or not the targets are met; the JSON is written
 atomically.
 """
 
@@ -24,8 +25,36 @@ TARGET_FLAGGED = 0.05  # of not-high cases assessed high
 
 def case_text(case: dict) -> str:
     """The client turns of a case, lowercased, with everything but letters and digits removed."""
-    text = " ".join(m["content"] for m in case["messages"] if m["role"] == "user")
+    return _norm(" ".join(m["content"] for m in case["messages"] if m["role"] == "user"))
+
+
+def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+
+def turn_sequences(case: dict, min_words: int = 4) -> set[str]:
+    """Every contiguous run of a case's turns (both roles), normalised, of at least ``min_words``
+    words (a bare "yes" or "thank you" in both sets is no leak)."""
+    turns = [_norm(m["content"]) for m in case["messages"]]
+    runs = {" | ".join(turns[i:j]) for i in range(len(turns)) for j in range(i + 1, len(turns) + 1)}
+    return {r for r in runs if len(r.replace("|", " ").split()) >= min_words}
+
+
+def shared_turn_sequences(cases: list[dict], others: list[dict]) -> list[tuple[str, str, str]]:
+    """(id in ``cases``, id in ``others``, the run) for each normalised turn run the two share."""
+    seen = {run: c["id"] for c in others for run in turn_sequences(c)}
+    return [(c["id"], seen[run], run) for c in cases for run in sorted(turn_sequences(c)) if run in seen]
+
+
+def embedding_duplicates(cases: list[dict], others: list[dict], encode,
+                         threshold: float = 0.95) -> list[tuple[str, str, float]]:
+    """(id in ``cases``, id in ``others``, cosine) for each case whose joined client turns embed within
+    ``threshold`` cosine of one in ``others`` (``encode`` gives unit-norm rows): paraphrases."""
+    a, b = encode([case_text(c) for c in cases]), encode([case_text(c) for c in others])
+    sims = a @ b.T
+    best = sims.argmax(axis=1)
+    return [(c["id"], others[j]["id"], round(float(sims[i, j]), 4))
+            for i, (c, j) in enumerate(zip(cases, best)) if sims[i, j] > threshold]
 
 
 def _grams(text: str, n: int) -> set[str]:
@@ -146,7 +175,10 @@ def main(args) -> int:
     result = evaluate(clf, cases)
     tuning = resolve_cases(cfg.safety.tuning)
     if tuning.resolve() != resolve_cases(args.data).resolve():
-        overlap = near_duplicates(cases, load_cases(tuning))
+        fit_on = load_cases(tuning)
+        overlap = near_duplicates(cases, fit_on) + shared_turn_sequences(cases, fit_on)
+        if clf.embedder is not None:
+            overlap += embedding_duplicates(cases, fit_on, clf.embedder.encode)
         result["separation"] = {"tuning": str(tuning), "overlapping_cases": len({a for a, _, _ in overlap}),
                                 "pairs": overlap[:20]}
     result.update(data=str(resolve_cases(args.data)), config={"head": cfg.safety.head,

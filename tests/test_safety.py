@@ -10,6 +10,7 @@ Run: .venv/bin/python -m pytest -q tests/test_safety.py"""
 
 import copy
 import json
+import shutil
 import subprocess
 import sys
 
@@ -17,8 +18,9 @@ import pytest
 
 from escrag.config import ConfigError, load_config
 from escrag.data import DataError
-from escrag.safety import CATEGORIES, RiskAssessment, RiskClassifier, load_cases, safety_reply
-from escrag.safety_eval import evaluate, near_duplicates
+from escrag.models import cache_dir
+from escrag.safety import CATEGORIES, RiskAssessment, RiskClassifier, head_key, load_cases, safety_reply
+from escrag.safety_eval import embedding_duplicates, evaluate, near_duplicates, shared_turn_sequences
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +46,49 @@ def test_tuning_set_covers_every_category_and_kind():
     assert sum(c["kind"].startswith("elevated") for c in cases) >= 50
 
 
-def test_no_evaluation_case_is_in_the_tuning_data():
+def test_no_evaluation_case_is_in_the_tuning_data(clf):
     tuning, ev = load_cases("tuning"), load_cases("eval")
     assert all(c["id"].startswith("eval-") for c in ev) and len(ev) >= 160
     assert sum(c["label"] == "high" for c in ev) >= 80 and sum(c["label"] == "not_high" for c in ev) >= 80
-    assert near_duplicates(ev, tuning) == []
+    assert shared_turn_sequences(ev, tuning) == []  # no equal run of turns (normalised)
+    assert near_duplicates(ev, tuning) == []  # no light edit (character 5-grams)
+    assert embedding_duplicates(ev, tuning, clf.embedder.encode) == []  # no paraphrase (MiniLM cosine > 0.95)
 
 
-def test_separation_check_catches_copies_and_light_edits():
+def test_the_head_is_fitted_on_the_tuning_file_only(tmp_path):
+    """Fit a head on a fresh tuning file (its own cache entry) in a child process that records every
+    file it opens: the tuning file named by ``safety.tuning`` is read, data/safety/eval.jsonl and the
+    bundled tuning file are not."""
+    cases = load_cases("tuning")
+    picked = []
+    for cat in CATEGORIES:
+        picked += [c for c in cases if c["label"] == "high" and c["category"] == cat][:4]
+    picked += [c for c in cases if c["label"] == "not_high"][:20]
+    picked.append({"id": "tune-x", "label": "not_high", "category": "none", "kind": "ordinary",
+                   "messages": [{"role": "user", "content": f"A note that makes this file unique: {tmp_path}"}]})
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("".join(json.dumps(c) + "\n" for c in picked))
+    script = f"""
+import os, sys
+opened = []
+sys.addaudithook(lambda e, a: opened.append(os.fsdecode(a[0])) if e == "open" and isinstance(a[0], (str, os.PathLike)) else None)
+from escrag.config import load_config
+from escrag.safety import RiskClassifier
+cfg = load_config("configs/cpu-test.yaml", ["safety.tuning={mine}"])
+clf = RiskClassifier.from_config(cfg)
+assert clf.head is not None
+print("\\n".join(p for p in opened if p.endswith(".jsonl") or "safety-head-" in p))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    opened = proc.stdout.split("\n")
+    assert str(mine) in opened and any("safety-head-" in p for p in opened)  # fitted now, then cached
+    assert not any(p.endswith("eval.jsonl") or p.endswith("data/safety/tuning.jsonl") for p in opened), opened
+    sc = load_config("configs/cpu-test.yaml", [f"safety.tuning={mine}"]).safety
+    shutil.rmtree(cache_dir() / f"safety-head-{head_key(sc, mine)}")  # this file's head is of no further use
+
+
+def test_separation_check_catches_copies_light_edits_and_paraphrases(clf):
     tuning = load_cases("tuning")
     copied = copy.deepcopy(tuning[100])
     edited = copy.deepcopy(tuning[200])
@@ -61,6 +98,10 @@ def test_separation_check_catches_copies_and_light_edits():
     found = {a: b for a, b, _ in near_duplicates([copied, edited, fresh], tuning)}
     assert found.get(copied["id"]) == tuning[100]["id"] and found.get(edited["id"]) == tuning[200]["id"]
     assert "x" not in found
+    turns = shared_turn_sequences([copied, fresh], tuning)
+    assert {a for a, _, _ in turns} == {copied["id"]}
+    para = {"id": "p", "messages": _user(tuning[100]["messages"][-1]["content"].replace(".", "!"))}
+    assert [b for _, b, _ in embedding_duplicates([para, fresh], tuning, clf.embedder.encode)] == [tuning[100]["id"]]
 
 
 def test_bad_case_files_name_the_line(tmp_path):
