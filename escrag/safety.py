@@ -116,6 +116,7 @@ def sentence_hits(sentence: str, turn_resolved: bool) -> tuple[tuple[Hit, ...], 
             neg = R.negated(sentence[a:b], m.start() - a) or (
                 rule.inner_negation and R.NEGATOR.search(" ".join(m.group(0).split()[:3])) is not None)
             leisure = rule.name in ("method_research", "weapon") and R.leisure(sentence)
+            leisure = leisure or R.ordinary(rule.name, sentence)
             why = ("media" if R.media(sentence[a:b]) or R.media(sentence[c:d]) or leisure else "joke" if is_joke else
                    "negated" if neg else
                    "past" if R.past_resolved(sentence[c:d], turn_resolved) else None)
