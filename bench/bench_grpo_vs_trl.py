@@ -66,9 +66,8 @@ def run_ours(a, model_path: str, prompts: list[str]) -> dict:
 
     from escrag.config import load_config
     from escrag.records import Sample, ScoredGroup
-    from rollout.engine import SamplingParams
+    from rollout.engine import SamplingParams, make_engine
     from rollout.episode import record
-    from rollout.hf_engine import HFEngine
     from trainer.learner import Learner
 
     over = [f"policy.model={model_path}", f"policy.lora.enabled={str(a.lora > 0).lower()}",
@@ -76,7 +75,7 @@ def run_ours(a, model_path: str, prompts: list[str]) -> dict:
             f"grpo.micro_batch_size={a.micro}", f"grpo.kl_coef={a.kl}", "grpo.lr=1e-6"]
     cfg = load_config(None, over)
     torch.manual_seed(0)
-    engine, learner = HFEngine(model_path, seed=0), Learner(cfg)
+    engine, learner = make_engine(cfg, model_path, seed=0), Learner(cfg)
     tok = engine.tokenizer
     ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
     params = SamplingParams.from_config(cfg.rollout, 2, max_new_tokens=a.completion_len, stop_strings=())

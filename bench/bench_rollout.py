@@ -2,19 +2,23 @@
 engine doing the same generation work, plus groups/s of the Ray pool with 1 and 2 workers.
 
 - ``rollout``: ``run_groups`` over S states (N samples each): stage 1, retrieval over HTTP, stage 2,
-  reward over HTTP; generated tokens / wall time.
-- ``raw engine``: the exact engine calls the rollout made (same prompt ids, same batch shapes and
-  sampling params), replayed back to back with no HTTP; generated tokens / wall time.
-  overhead = 1 - rollout tok/s / raw tok/s (target: <= 10% on the embedded default).
+  reward over HTTP; generated tokens / wall time. The groups' requests join the engine's running
+  batch as they come (continuous batching).
+- ``raw engine``: the same requests (same prompt ids, seeds and sampling params) with no HTTP and no
+  waiting: all stage-1 rows in one ``generate`` call, then all stage-2 rows, i.e. the engine at the
+  largest batch the rollout could reach; generated tokens / wall time.
+  overhead = 1 - rollout tok/s / raw tok/s (issue 12: rollout >= 0.9 of raw, overhead <= 10%).
+  ``mean batch`` is the engine's mean live rows per decode step in each run.
 - ``pool (W workers)``: ``RolloutPool.generate`` on the same states, groups/s (after a warm-up batch).
-Rollout and raw runs alternate ``--repeats`` times; the table shows the median.
+Rollout and raw runs alternate ``--repeats`` times; the table shows the median. The engine's prefix
+cache is cleared before each run (so neither run reuses the other's K/V).
 
 Run (the lead's full run, alone on the machine):
   .venv/bin/python bench/bench_rollout.py
 Smoke run (tiny model, seconds):
   .venv/bin/python bench/bench_rollout.py --model tiny-random:qwen2 --states 2 --group-size 2 \\
       --max-new1 8 --max-new2 8 --index-limit 40 --workers 1
-Writes bench/results/rollout.json.
+Writes bench/results/rollout.json. ``--set rollout.compile=true`` (repeatable) overrides the config.
 """
 
 from __future__ import annotations
@@ -55,54 +59,73 @@ def parse_args(argv=None):
     p.add_argument("--workers", default="1,2", help="pool sizes to time; '' skips the pool")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="torch threads of the driver's engine (0: default)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "rollout.json"))
     return p.parse_args(argv)
 
 
 class Recorder:
-    """Passes engine calls through and keeps (prompt ids, params) for the raw replay."""
+    """Passes the episodes' requests to the engine's scheduler and keeps them for the raw replay."""
 
-    def __init__(self, engine):
-        self.engine, self.tokenizer, self.calls = engine, engine.tokenizer, []
+    is_async = True
 
-    @property
-    def version(self):
-        return self.engine.version
+    def __init__(self, sched):
+        self.sched, self.tokenizer, self.calls = sched, sched.tokenizer, []
 
-    def row_seeds(self, n, seeds):
-        return self.engine.row_seeds(n, seeds)
-
-    def generate(self, prompt_ids, params, seeds=None):
+    async def generate(self, prompt_ids, params, seeds=None):
         self.calls.append((prompt_ids, params, seeds))
-        return self.engine.generate(prompt_ids, params, seeds)
+        return await self.sched.generate(prompt_ids, params, seeds)
+
+
+def _engine_counters(engine) -> dict:
+    return dict(getattr(engine, "stats", {}))
+
+
+def _mean_batch(engine, before: dict) -> float | None:
+    after = _engine_counters(engine)
+    steps = after.get("steps", 0) - before.get("steps", 0)
+    return (after["decode_rows"] - before["decode_rows"]) / steps if steps else None
 
 
 def time_rollout(engine, states, cfg, urls):
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
-    from rollout.engine import EngineScheduler
-    from rollout.episode import run_groups
+    from rollout.episode import as_scheduler, run_groups
 
-    rec = Recorder(engine)
+    rec = Recorder(as_scheduler(engine, cfg.rollout.max_batch))
 
     async def go():
-        return await run_groups(states, EngineScheduler(rec, cfg.rollout.max_batch),
-                                RetrieverClient(urls["retriever"], cfg.retriever),
+        return await run_groups(states, rec, RetrieverClient(urls["retriever"], cfg.retriever),
                                 RewardClient(urls["reward"], cfg.reward), cfg, 0)
 
-    t = time.perf_counter()
+    clear_prefix_cache(engine)
+    before, t = _engine_counters(engine), time.perf_counter()
     groups = asyncio.run(go())
     wall = time.perf_counter() - t
     tokens = sum(g.stats["stage1_tokens"] + g.stats["stage2_tokens"] for g in groups)
-    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall}, rec.calls
+    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "requests": len(rec.calls),
+            "mean_batch": _mean_batch(engine, before)}, rec.calls
 
 
 def time_raw(engine, calls):
-    t, tokens = time.perf_counter(), 0
+    """All rows of each stage (same params) in one ``generate`` call, stage 1 first."""
+    stages: dict = {}
     for prompts, params, seeds in calls:
+        rows = stages.setdefault(params, ([], []))
+        rows[0].extend(prompts)
+        rows[1].extend(seeds)
+    clear_prefix_cache(engine)
+    before, t, tokens = _engine_counters(engine), time.perf_counter(), 0
+    for params, (prompts, seeds) in stages.items():
         tokens += sum(len(g.token_ids) for g in engine.generate(prompts, params, seeds))
     wall = time.perf_counter() - t
-    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "engine_calls": len(calls)}
+    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "engine_calls": len(stages),
+            "mean_batch": _mean_batch(engine, before)}
+
+
+def clear_prefix_cache(engine) -> None:
+    if getattr(engine, "prefix_cache", None) is not None:
+        engine.prefix_cache.clear()
 
 
 def time_pool(cfg, states, urls, workers: int):
@@ -125,7 +148,7 @@ def setup(args, tmp: Path):
     from escrag.config import load_config
 
     over = [f"rollout.group_size={args.group_size}", f"rollout.max_new_tokens_stage1={args.max_new1}",
-            f"rollout.max_new_tokens_stage2={args.max_new2}"]
+            f"rollout.max_new_tokens_stage2={args.max_new2}", *args.set]
     if args.model:
         over.append(f"policy.model={args.model}")
     cfg = load_config(ROOT / args.config, over)
@@ -145,10 +168,12 @@ def setup(args, tmp: Path):
 
 def print_table(res: dict) -> None:
     r, b = res["rollout"], res["raw_engine"]
-    print(f"\n{'variant':<28}{'tokens':>8}{'seconds':>10}{'tok/s':>9}")
-    print(f"{'two-stage rollout (HTTP)':<28}{r['tokens']:>8}{r['seconds']:>10.2f}{r['tok_s']:>9.1f}")
-    print(f"{'raw engine, same calls':<28}{b['tokens']:>8}{b['seconds']:>10.2f}{b['tok_s']:>9.1f}")
-    print(f"overhead: {100 * res['overhead']:.1f}% (target <= 10%)")
+    mb = lambda x: f"{x['mean_batch']:>12.1f}" if x.get("mean_batch") else f"{'-':>12}"  # noqa: E731
+    print(f"\n{'variant':<28}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'mean batch':>12}")
+    print(f"{'two-stage rollout (HTTP)':<28}{r['tokens']:>8}{r['seconds']:>10.2f}{r['tok_s']:>9.1f}{mb(r)}")
+    print(f"{'raw engine, same rows':<28}{b['tokens']:>8}{b['seconds']:>10.2f}{b['tok_s']:>9.1f}{mb(b)}")
+    print(f"rollout / raw: {r['tok_s'] / b['tok_s']:.2f} (target >= 0.9); overhead {100 * res['overhead']:.1f}%")
+    print(f"engine: {res['engine']}, warm-up (1 state, includes compiling): {res['warmup_s']:.1f} s")
     for p in res["pool"]:
         print(f"pool, {p['workers']} worker(s): {p['groups']} groups in {p['seconds']:.2f} s = "
               f"{p['groups_s']:.3f} groups/s")
@@ -168,7 +193,7 @@ def main(argv=None) -> int:
 
                 torch.set_num_threads(args.threads)
             engine = make_engine(cfg)
-            time_rollout(engine, states[:1], cfg, urls)  # warm-up
+            warmup_s = time_rollout(engine, states[:1], cfg, urls)[0]["seconds"]  # includes any compile
             runs, raws = [], []
             for _ in range(args.repeats):
                 r, calls = time_rollout(engine, states, cfg, urls)
@@ -176,7 +201,8 @@ def main(argv=None) -> int:
                 raws.append(time_raw(engine, calls))
             med = lambda xs: sorted(xs, key=lambda x: x["tok_s"])[len(xs) // 2]  # noqa: E731
             res = {"config": vars(args), "model": cfg.policy.model, "rollout": med(runs),
-                   "raw_engine": med(raws), "runs": runs, "raw_runs": raws, "pool": []}
+                   "raw_engine": med(raws), "runs": runs, "raw_runs": raws, "pool": [], "warmup_s": warmup_s,
+                   "engine": {"dtype": getattr(engine, "dtype", None), "compile": cfg.rollout.compile}}
             res["overhead"] = 1 - res["rollout"]["tok_s"] / res["raw_engine"]["tok_s"]
             res["overhead_median_of_pairs"] = statistics.median(
                 1 - r["tok_s"] / b["tok_s"] for r, b in zip(runs, raws))

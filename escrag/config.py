@@ -41,6 +41,8 @@ class RunConfig:
     server_timeout_s: float = _f(600.0, gt=0.0)  # wait for a started server's /health (model loads)
     supervise_s: float = _f(1.0, gt=0.0)  # how often a job checks the servers it started (restarts dead ones)
     demo_examples: int = _f(3, ge=1)  # held-out test states the demo answers with RAG inference
+    demo_compare_states: int = _f(16, ge=0)  # fixed held-out test states the demo scores SFT vs GRPO on; 0: skip
+    demo_compare_samples: int = _f(2, ge=1)  # answers per state and policy (same seeds for both)
 
 
 @dataclass
@@ -156,14 +158,25 @@ class RolloutConfig:
     rag: bool = True  # False: vanilla one-stage GRPO rollouts (ablation)
     train_stage1: bool = False  # True: stage-1 tokens also get loss mask 1 with the same advantage
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))  # transformers engine; auto: cuda if present
-    max_batch: int = _f(64, ge=1)  # rows per engine call; concurrent groups' requests are merged up to it
+    max_batch: int = _f(64, ge=1)  # rows decoding at once (transformers: KV slots; vllm: merged calls)
     torch_threads: int = _f(0, ge=0)  # torch intra-op threads per worker; 0: torch's default
     worker_cpus: float = _f(1.0, gt=0.0)  # Ray CPUs reserved per rollout worker actor
-    worker_gpus: float = _f(0.0, ge=0.0)  # Ray GPUs per worker; the vllm engine needs > 0 (0 means 1)
+    # Ray GPUs per worker; None: auto (a share of the cluster's GPUs when the engine runs on one, see
+    # trainer.learner.place); the vllm engine needs > 0 (0 means 1)
+    worker_gpus: float | None = _f(None, ge=0.0)
     max_reissues: int = _f(3, ge=0)  # times the pool re-issues the states of a worker that died
     restart_timeout_s: float = _f(300.0, gt=0.0)  # how long the pool waits for Ray to restart a worker
     restart_poll_s: float = _f(0.1, gt=0.0)  # first poll of a restarting worker; doubles up to 20x
     vllm_gpu_memory: float = _f(0.6, gt=0.0, le=1.0)  # vLLM gpu_memory_utilization per engine
+    # The transformers engine (rollout/hf_engine.py; docs/rollout.md "The transformers engine").
+    # Engine weights: auto = bfloat16 on CUDA or a CPU with AMX/AVX512-BF16 (~5x the float32 matmul
+    # rate there), else policy.dtype. When it differs from policy.dtype the learner recomputes π_old.
+    dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
+    # torch.compile the decode step (batch size and length are dynamic: one graph per sampling
+    # params; the first compile takes minutes on a CPU, later processes reuse inductor's disk cache)
+    compile: bool = True
+    max_seq_len: int = _f(2048, ge=16)  # prompt + completion tokens of one row (its KV-cache slot)
+    prefix_cache_tokens: int = _f(16384, ge=0)  # K/V of finished rows kept for prompts extending them
 
 
 @dataclass
@@ -243,6 +256,17 @@ class GrpoConfig:
     # π_old of eq. 10: the learner's own log-probs before its first pass (True) or the rollout's
     # recorded behaviour log-probs (False); None: True for the vllm engine, False for transformers
     recompute_old_logprobs: bool | None = None
+    # Streaming learner (trainer.learner.LearnerActor, docs/training.md). 0: rollouts wait for each
+    # update (on-policy, the paper's setting); k > 0: rollouts of the next k steps are generated while
+    # the learner updates, and a group more than k weights versions behind the learner is dropped
+    max_staleness: int = _f(0, ge=0)
+    # decoupled objective (AReaL): with π_old recomputed, clip against it and weight each token by
+    # exp(π_old - behaviour); None: on when π_old is recomputed and max_staleness > 0
+    decoupled_loss: bool | None = None
+    behaviour_weight_cap: float | None = _f(5.0, ge=1.0)  # truncate that weight here; None: no truncation
+    learner_cpus: float = _f(1.0, gt=0.0)  # Ray CPUs reserved for the learner actor
+    learner_gpus: float | None = _f(None, ge=0.0)  # Ray GPUs of the learner; None: auto (trainer.learner.place)
+    learner_torch_threads: int = _f(0, ge=0)  # torch intra-op threads of the learner; 0: Ray's (= its CPUs)
     max_grad_norm: float = _f(1.0, gt=0.0)
     checkpoint_every: int = _f(10, ge=1)
     keep_checkpoints: int = _f(2, ge=1)  # newest checkpoint folders kept on disk

@@ -52,6 +52,16 @@ def offline_env() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
+def actor_env() -> None:
+    """``offline_env`` for a Ray actor, without transformers' weight-loading progress bars: Ray
+    forwards an actor's output to the driver late and interleaved, where a bar is noise that can
+    land after the job's last line."""
+    offline_env()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 @contextmanager
 def _lock(name: str):
     """Inter-process lock so that two workers do not build the same cache entry at once."""
@@ -169,6 +179,29 @@ def resolve_device(device: str) -> str:
     if device != "cpu" and not device.startswith("cuda"):
         raise ModelSpecError(f"device {device!r}: expected auto, cpu or cuda[:N]")
     return device
+
+
+def fast_bfloat16(device: str) -> bool:
+    """Whether ``device`` multiplies bfloat16 much faster than float32: a CUDA GPU with bfloat16, or
+    a CPU with AMX or AVX512-BF16 (Linux ``/proc/cpuinfo`` flags; elsewhere False)."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
+def engine_dtype(rollout_dtype: str, policy_dtype: str, device: str) -> str:
+    """``rollout.dtype`` resolved: ``auto`` is bfloat16 where it is fast (``fast_bfloat16``), else the
+    policy dtype."""
+    if rollout_dtype != "auto":
+        return rollout_dtype
+    return "bfloat16" if fast_bfloat16(resolve_device(device)) else policy_dtype
 
 
 def load_tokenizer(spec: str):

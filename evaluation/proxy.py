@@ -62,15 +62,25 @@ def distinct_n(texts: list[str], n: int = 2) -> float:
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
+def paired_deltas(records: list[dict], rm: dict, system: str, base: str) -> list[float]:
+    """Per test state answered by both systems: proxy score of ``system`` minus that of ``base``."""
+    by = {(r["system"], r["state_id"]): rm[r["answer_key"]] for r in records if r["answer_key"] in rm}
+    return [v - by[(base, sid)] for (name, sid), v in by.items() if name == system and (base, sid) in by]
+
+
 def proxy_rows(records: list[dict], systems: dict, rm: dict | None, cfg: Config) -> list[dict]:
-    rows = []
+    """One row per system; ``delta`` is its paired difference from the first system, state by state,
+    with a bootstrap interval over states (tighter than comparing the two unpaired intervals)."""
+    rows, first = [], next(iter(systems), None)
     for name, system in systems.items():
         recs = [r for r in records if r["system"] == name]
         texts = [r["response"] for r in recs]
         scores = [rm[r["answer_key"]] for r in recs if rm and r["answer_key"] in rm]
+        ci = (cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed)
         rows.append({
             "system": name, "label": system.label or name, "n": len(recs),
-            "rm_score": bootstrap_ci(scores, cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed) if rm else None,
+            "rm_score": bootstrap_ci(scores, *ci) if rm else None,
+            "delta": bootstrap_ci(paired_deltas(records, rm, name, first), *ci) if rm and name != first else None,
             "format_rate": sum(r["format_ok"] for r in recs) / len(recs) if recs else float("nan"),
             "copy_rate": (sum(copies(r["response"], r["exemplars"], cfg.eval.proxy.copy_ngram) for r in recs)
                           / len(recs)) if system.rag and recs else None,
@@ -89,10 +99,10 @@ def _fmt(v, pct=False) -> str:
 
 def proxy_markdown(rows: list[dict], notes: list[str]) -> str:
     lines = [f"# {LABEL}", "", *notes, "",
-             "| System | proxy RM score | format rate | copy rate | mean words | distinct-2 | n |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| System | proxy RM score | Δ vs first row (paired) | format rate | copy rate | mean words | distinct-2 | n |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['label']} | {_fmt(r['rm_score'])} | {_fmt(r['format_rate'], True)} | "
+        lines.append(f"| {r['label']} | {_fmt(r['rm_score'])} | {_fmt(r.get('delta'))} | {_fmt(r['format_rate'], True)} | "
                      f"{_fmt(r['copy_rate'], True)} | {_fmt(r['mean_words'])} | {r['distinct_2']:.3f} | {r['n']} |")
     return "\n".join(lines) + "\n"
 
@@ -100,11 +110,11 @@ def proxy_markdown(rows: list[dict], notes: list[str]) -> str:
 def proxy_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["label_note", "system", "label", "n", "rm_score", "rm_score_lo", "rm_score_hi", "format_rate",
-                "copy_rate", "mean_words", "distinct_2"])
+    w.writerow(["label_note", "system", "label", "n", "rm_score", "rm_score_lo", "rm_score_hi", "delta",
+                "delta_lo", "delta_hi", "format_rate", "copy_rate", "mean_words", "distinct_2"])
     for r in rows:
-        rm = r["rm_score"] or ("", "", "")
-        w.writerow([LABEL, r["system"], r["label"], r["n"], *rm, r["format_rate"],
+        rm, delta = r["rm_score"] or ("", "", ""), r.get("delta") or ("", "", "")
+        w.writerow([LABEL, r["system"], r["label"], r["n"], *rm, *delta, r["format_rate"],
                     "" if r["copy_rate"] is None else r["copy_rate"], r["mean_words"], r["distinct_2"]])
     return buf.getvalue()
 

@@ -5,7 +5,9 @@
 Owns: what is printed around the pipeline (``ray_jobs.pipeline``: silver pairs -> exemplar index ->
 reward head -> cold-start SFT -> retrieval-augmented GRPO with LoRA, each stage skipped when it is
 up to date, an interrupted GRPO stage resumed from its last checkpoint), then RAG inference with the
-trained policy on held-out test states, printed with their rewards, and the reward curve.
+trained policy on held-out test states, printed with their rewards, the reward curve, and the SFT
+and GRPO policies scored on one fixed set of held-out test states with the same seeds (means and
+their paired difference with 95% bootstrap intervals).
 
 Departures from the paper, for a 2-core CPU in ~20 minutes: SmolLM2-135M instead of Qwen2.5-3B/7B,
 all-MiniLM-L6-v2 instead of bge-m3, ESConv turns instead of ESC-Preference as the exemplar corpus,
@@ -52,37 +54,76 @@ def show_curve(cfg: Config) -> None:
               f"{r.get('kl', 0):.5f} | {r.get('zero_adv_groups', 0)}")
 
 
-async def _answer_all(cfg: Config, states, retriever_url: str, reward_url: str) -> list[tuple[dict, dict]]:
+async def _answer_all(cfg: Config, policy: str, states, retriever_url: str, reward_url: str, tag: str = "demo",
+                      samples: int = 1) -> list[tuple[dict, dict]]:
+    """RAG answers of ``policy`` to ``states`` (``samples`` each, seeds from the state and sample
+    index, so two policies get the same seeds) with their reward parts, state-major."""
     from escrag.seeds import derive_seed
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
     from rollout.engine import make_engine
     from rollout.episode import answer, engine_chat
 
-    chat = engine_chat(make_engine(cfg, model_spec=str(run_paths(cfg).grpo / "policy")), cfg)  # shared batches
+    chat = engine_chat(make_engine(cfg, model_spec=policy), cfg)  # one engine: the answers share batches
     retriever, reward = RetrieverClient(retriever_url, cfg.retriever), RewardClient(reward_url, cfg.reward)
+    jobs = [(s, derive_seed(cfg.run.seed, tag, s.state_id, j)) for s in states for j in range(samples)]
     try:
-        answers = await asyncio.gather(*(answer(s.history, chat, retriever, cfg,
-                                                seed=derive_seed(cfg.run.seed, "demo", s.state_id))
-                                         for s in states))
-        scores = await reward.score([{"history": s.history, "output": a["output"]} for s, a in zip(states, answers)])
+        answers = await asyncio.gather(*(answer(s.history, chat, retriever, cfg, seed=seed) for s, seed in jobs))
+        scores = await reward.score([{"history": s.history, "output": a["output"]} for (s, _), a in zip(jobs, answers)])
     finally:
         await retriever.aclose()
         await reward.aclose()
-    parts = [{k: scores[k][i] for k in ("rewards", "rm_scores", "format_rewards")} for i in range(len(states))]
+    parts = [{k: scores[k][i] for k in ("rewards", "rm_scores", "format_rewards")} for i in range(len(jobs))]
     return list(zip(answers, parts))
 
 
-def show_answers(cfg: Config) -> None:
+def compare_policies(cfg: Config, states, urls: dict) -> dict:
+    """Held-out gain of GRPO over its SFT start: both policies answer the same fixed test states with
+    the same seeds; per state the mean reward (training RM + format) of its answers. Returns each
+    policy's mean and the paired difference, each with a bootstrap interval over states."""
+    from evaluation.tables import bootstrap_ci
+
+    n, ci = cfg.run.demo_compare_samples, (1000, 0.95, cfg.run.seed)
+    per_state = {}
+    for name, path in (("sft", run_paths(cfg).sft), ("grpo", run_paths(cfg).grpo / "policy")):
+        res = asyncio.run(_answer_all(cfg, str(path), states, urls["retriever"], urls["reward"], "compare", n))
+        rewards = [p["rewards"] for _, p in res]
+        per_state[name] = [sum(rewards[i * n:(i + 1) * n]) / n for i in range(len(states))]
+    delta = [g - s for g, s in zip(per_state["grpo"], per_state["sft"])]
+    return {"states": [s.state_id for s in states], "samples": n, "per_state": per_state,
+            **{k: bootstrap_ci(v, *ci) for k, v in per_state.items()}, "delta": bootstrap_ci(delta, *ci)}
+
+
+def show_answers(cfg: Config) -> dict | None:
+    """Answers to a few held-out test states, then (``run.demo_compare_states``) SFT vs GRPO scored on
+    a fixed set of them; the comparison goes to ``<grpo>/heldout_compare.json``."""
+    from escrag.atomic import write_json
     from escrag.data import load_states
     from ray_jobs.pipeline import grpo_config
     from ray_jobs.services import JobServices
     from ray_jobs.train_grpo import write_resolved_config
 
     gcfg = grpo_config(cfg)
-    states = random.Random(cfg.run.seed).sample(load_states(cfg.data.test), cfg.run.demo_examples)
+    test = load_states(cfg.data.test)
+    states = random.Random(cfg.run.seed).sample(test, cfg.run.demo_examples)
+    fixed = random.Random(f"{cfg.run.seed}/compare").sample(test, cfg.run.demo_compare_states)
     with JobServices(gcfg, write_resolved_config(gcfg), run_paths(cfg).grpo / "logs", need_retriever=True) as svc:
-        results = asyncio.run(_answer_all(cfg, states, svc.urls["retriever"], svc.urls["reward"]))
+        results = asyncio.run(_answer_all(cfg, str(run_paths(cfg).grpo / "policy"), states, svc.urls["retriever"],
+                                          svc.urls["reward"]))
+        _print_answers(states, results)
+        if not fixed:
+            return None
+        t0 = banner(f"held-out: SFT vs GRPO on {len(fixed)} fixed test states x {cfg.run.demo_compare_samples} "
+                    "answers (same seeds)")
+        cmp = compare_policies(cfg, fixed, svc.urls)
+    write_json(run_paths(cfg).grpo / "heldout_compare.json", cmp)
+    fmt = "{:+.3f} [{:+.3f}, {:+.3f}]".format
+    print(f"mean reward, 95% bootstrap interval over states:\n  SFT   {fmt(*cmp['sft'])}\n  GRPO  {fmt(*cmp['grpo'])}"
+          f"\n  GRPO - SFT (paired) {fmt(*cmp['delta'])}  ({time.time() - t0:.0f} s)")
+    return cmp
+
+
+def _print_answers(states, results) -> None:
     for i, (s, (ans, score)) in enumerate(zip(states, results), 1):
         print(f"\n--- held-out test state {i}: {s.dialogue_id}/{s.turn_index} ({s.emotion}, {s.problem}) ---")
         print(f"client: {s.history[-1]['content']}")

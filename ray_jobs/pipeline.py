@@ -40,6 +40,7 @@ RUNTIME = {"url", "timeout_s", "wait_s", "backoff_s", "max_wait_ms", "max_queue"
            "max_query_chars", "max_body_bytes", "max_batch", "blas_threshold", "hnsw_ef_search",
            "ivf_nprobe", "embed_batch_size", "feature_cache", "feature_batch_size", "device", "index_dir",
            "head_dir", "num_workers", "torch_threads", "worker_cpus", "worker_gpus", "max_reissues",
+           "learner_cpus", "learner_gpus", "learner_torch_threads",
            "restart_timeout_s", "restart_poll_s", "vllm_gpu_memory", "checkpoint_every", "keep_checkpoints",
            "log_every", "tensorboard", "log_samples", "k"}
 

@@ -7,16 +7,22 @@
 
 Owns: the training loop. It starts Ray (or joins it: ``ray.address``, or ``RAY_ADDRESS`` which
 ``ray job submit`` sets), starts the retriever and reward servers unless ``retriever.url`` /
-``reward.url`` are given, starts the rollout workers (``rollout.pool.RolloutPool``) and the learner
-(``trainer.learner.Learner``), then per step: sample ``grpo.batch_states`` train states -> scored groups
-from the workers -> one learner update -> push the new weights (with their version) to every worker.
-Every ``grpo.checkpoint_every`` steps an atomic checkpoint; per-step metrics go to
-``<output_dir>/metrics.jsonl`` and TensorBoard; at the end the merged policy is saved to
-``<output_dir>/policy`` and the reward/KL curves to ``<output_dir>/reward_curve.png``.
+``reward.url`` are given, places the learner and the rollout engines on the cluster's GPUs
+(``trainer.learner.place``), starts the rollout workers (``rollout.pool.RolloutPool``) and the
+learner actor (``trainer.learner.LearnerActor``), then per step: sample ``grpo.batch_states`` train
+states -> scored groups from the workers -> one learner update -> push the new weights (with their
+version) to every worker. The rollouts of the next ``grpo.max_staleness`` steps are submitted before
+the update (``Lookahead``), so with k > 0 the workers generate while the learner trains; the learner
+drops a group more than k versions behind it. Every ``grpo.checkpoint_every`` steps an atomic
+checkpoint; per-step metrics go to ``<output_dir>/metrics.jsonl`` and TensorBoard; at the end the
+merged policy is saved to ``<output_dir>/policy`` and the reward/KL curves to
+``<output_dir>/reward_curve.png``.
 
-Departures from the paper (see trainer/grpo.py for the loss): the learner runs in this driver process
-(one machine), rollouts and updates alternate (fully on-policy, no overlap); the paper's batch of 128
-states and 2 epochs are config values (``grpo.batch_states``, ``grpo.epochs`` or ``grpo.steps``).
+Departures from the paper (see trainer/grpo.py for the loss): one machine's Ray (or a small cluster);
+with ``grpo.max_staleness`` 0 (default) rollouts and updates alternate (fully on-policy, no overlap),
+with k > 0 the learner trains groups up to k versions old (off-policy, corrected in the loss); the
+paper's batch of 128 states and 2 epochs are config values (``grpo.batch_states``, ``grpo.epochs`` or
+``grpo.steps``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import os
 import random
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import yaml
@@ -65,13 +72,49 @@ def start_ray(cfg: Config):
     return init_ray(address, cfg.ray.num_cpus, tmpdir)
 
 
-def step_row(step: int, groups, m: dict, gen_s: float, push_s: float, sampler, version: int,
-             restarts: dict) -> dict:
+class Lookahead:
+    """The bounded buffer between the rollout workers and the learner: the rollout batches of the
+    coming steps, submitted in step order, at most ``grpo.max_staleness`` + 1 at a time (the step
+    being trained and the next k). Each batch keeps the sampler position after it, so a checkpoint
+    records the position of the last trained step and a resume redraws the batches in flight."""
+
+    def __init__(self, cfg: Config, pool, states: list, sampler, start: int, steps: int):
+        self.cfg, self.pool, self.states, self.sampler = cfg, pool, states, sampler
+        self.next, self.steps = start, steps
+        self.queue: deque = deque()  # (step, pool batch, sampler position after it)
+
+    def fill(self, step: int) -> None:
+        """Submit the batches of ``step`` and of the next ``grpo.max_staleness`` steps."""
+        from escrag.seeds import derive_seed
+
+        last = min(self.steps, step + 1 + self.cfg.grpo.max_staleness)
+        while self.next < last:
+            batch = [self.states[i] for i in self.sampler.next_batch()]
+            seeds = [derive_seed(self.cfg.run.seed, "grpo", self.next, s.state_id) for s in batch]
+            self.queue.append((self.next, self.pool.submit(batch, seeds), self.sampler.state_dict()))
+            self.next += 1
+
+    def take(self, step: int) -> tuple[list, list, dict]:
+        """(groups, chunk refs, sampler position after the batch) of ``step``, once generated."""
+        queued, batch, position = self.queue.popleft()
+        assert queued == step, (queued, step)
+        groups, refs = self.pool.collect(batch)
+        return groups, refs, position
+
+
+def step_row(step: int, groups, m: dict, times: dict, position: dict, version: int, restarts: dict) -> dict:
+    """The metrics line of a step: the learner's metrics, the rollout's, timings and data position.
+    ``gen_s`` is the longest worker call of the step (generation, retrieval and reward), ``wait_s`` how
+    long the driver waited for the step's rollouts (at k > 0 partly hidden behind the last update),
+    ``push_s`` until every worker holds the new weights (at k > 0 after the call it is running),
+    ``step_s`` the wall time since the previous step ended."""
     gen_tokens = sum(g.stats.get("stage1_tokens", 0) + g.stats.get("stage2_tokens", 0) for g in groups)
+    gen_s = max((g.stats.get("batch_s", 0.0) for g in groups), default=0.0)
     samples = [s for g in groups for s in g.samples if s.initial_output]
-    row = {"step": step, **m, "gen_s": gen_s, "push_s": push_s, "gen_tokens": gen_tokens,
-           "gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9), "version": version,
-           "epoch": sampler.epoch, "data_index": sampler.index, "time": time.time(),
+    row = {"step": step, **m, "gen_s": gen_s, **times, "gen_tokens": gen_tokens,
+           "gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
+           "samples_per_s": sum(len(g.samples) for g in groups) / max(times["step_s"], 1e-9), "version": version,
+           "epoch": position["epoch"], "data_index": position["index"], "time": time.time(),
            **{f"restarts_{name}": n for name, n in restarts.items()}}
     if samples:  # RAG: the share of ĉ that parses (and so carries a response block for the query)
         row["stage1_format_mean"] = sum(s.stage1_format_ok for s in samples) / len(samples)
@@ -88,6 +131,8 @@ def sample_rows(step: int, groups) -> list[dict]:
 
 
 def _resume(cfg: Config, learner, sampler, pool, log) -> int:
+    import ray
+
     from trainer.checkpoint import load_latest
 
     found = load_latest(output_path(cfg, "checkpoints"))
@@ -95,47 +140,50 @@ def _resume(cfg: Config, learner, sampler, pool, log) -> int:
         log("[job] --resume: no checkpoint yet, starting at step 0")
         return 0
     learner_state, state = found
-    learner.load_state_dict(learner_state)
+    ray.get(learner.load_state_dict.remote(learner_state))
     sampler.load_state_dict(state["sampler"])
-    if learner.version > 0:
-        pool.push_weights(learner.export_weights(), learner.version)
+    version = int(learner_state["version"])
+    if version > 0:
+        pool.push_weights(ray.get(learner.publish.remote()), version)
     log(f"[job] resumed from step {state['step']} (epoch {sampler.epoch}, index {sampler.index}, "
-        f"weights version {learner.version})")
+        f"weights version {version})")
     return int(state["step"])
 
 
-def _checkpoint(cfg: Config, step: int, learner, sampler) -> None:
+def _checkpoint(cfg: Config, step: int, learner, position: dict) -> None:
+    """Checkpoint after ``step`` with the sampler ``position`` after that step's batch (batches
+    generated ahead are not part of it: a resume draws them again)."""
+    import ray
+
     from trainer.checkpoint import save_checkpoint
 
-    save_checkpoint(output_path(cfg, "checkpoints"), step, learner.state_dict(),
-                    {"sampler": sampler.state_dict(), "version": learner.version}, cfg.grpo.keep_checkpoints)
+    state = ray.get(learner.state_dict.remote())
+    save_checkpoint(output_path(cfg, "checkpoints"), step, state, {"sampler": position, "version": state["version"]},
+                    cfg.grpo.keep_checkpoints)
 
 
-def _step(cfg: Config, step: int, pool, learner, states: list, sampler, restarts) -> tuple[dict, list]:
-    """One step of Algorithm 1: sample states, rollouts, update, push weights. Returns (metrics row,
-    groups). A failure leaves the sampler where it was, so a checkpoint taken then redoes this step."""
-    from escrag.seeds import derive_seed
+def _step(step: int, ahead: Lookahead, pool, learner, restarts, since: float) -> tuple[dict, list, dict]:
+    """One step of Algorithm 1: submit the rollouts of this step and the next k, wait for this
+    step's, update, push the weights. Returns (metrics row, groups, sampler position after the
+    step's batch)."""
+    import ray
 
-    before = sampler.state_dict()
-    batch = [states[i] for i in sampler.next_batch()]
+    ahead.fill(step)
     t0 = time.perf_counter()
-    try:
-        groups = pool.generate(batch, [derive_seed(cfg.run.seed, "grpo", step, s.state_id) for s in batch])
-    except BaseException:
-        sampler.load_state_dict(before)
-        raise
-    gen_s = time.perf_counter() - t0
-    m = learner.step(groups)
+    groups, refs, position = ahead.take(step)
     t1 = time.perf_counter()
-    if m["optimizer_steps"]:
-        pool.push_weights(learner.export_weights(), learner.version)
-    return step_row(step + 1, groups, m, gen_s, time.perf_counter() - t1, sampler, learner.version,
-                    restarts()), groups
+    m, version, weights = ray.get(learner.train.remote(*refs))
+    t2 = time.perf_counter()
+    if weights is not None:
+        pool.push_weights(weights, version)
+    t3 = time.perf_counter()
+    times = {"wait_s": t1 - t0, "train_call_s": t2 - t1, "push_s": t3 - t2, "step_s": t3 - since}
+    return step_row(step + 1, groups, m, times, position, version, restarts()), groups, position
 
 
 def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=print, restarts=dict) -> dict:
-    """The loop of Algorithm 1 (training part); returns a summary with the metrics rows' path.
-    ``restarts()`` reports the job's service restarts for the metrics."""
+    """The loop of Algorithm 1 (training part) with ``learner`` a ``LearnerActor`` handle; returns a
+    summary with the metrics rows' path. ``restarts()`` reports the job's service restarts."""
     from tqdm import tqdm
 
     from trainer.checkpoint import StateSampler
@@ -148,11 +196,13 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
     resume_step = start if resume else None
     metrics = MetricsLog(cfg.run.output_dir, resume_step, tensorboard=g.tensorboard)
     samples = StepLog(output_path(cfg, "samples.jsonl"), resume_step) if g.log_samples else None
+    ahead, position = Lookahead(cfg, pool, states, sampler, start, steps), sampler.state_dict()
     bar = tqdm(range(start, steps), desc="grpo", unit="step", file=sys.stderr, initial=start, total=steps)
+    since = time.perf_counter()
     try:
         for step in bar:
-            row, groups = _step(cfg, step, pool, learner, states, sampler, restarts)
-            done = step + 1
+            row, groups, position = _step(step, ahead, pool, learner, restarts, since)
+            since, done = time.perf_counter(), step + 1
             metrics.write(row)
             for r in sample_rows(done, groups) if samples else ():
                 samples.write(r)
@@ -160,11 +210,12 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
             if done % g.log_every == 0:
                 log(f"[grpo] step {done}/{steps} reward {row.get('reward_mean', 0):.3f} "
                     f"(format {row.get('format_mean', 0):.2f}) kl {row.get('kl', 0):.4f} zero-adv groups "
-                    f"{row['zero_adv_groups']}/{row['groups']} gen {row['gen_s']:.1f}s update {row['update_s']:.1f}s")
+                    f"{row['zero_adv_groups']}/{row['groups']} stale {row['stale_groups']} gen {row['gen_s']:.1f}s "
+                    f"wait {row['wait_s']:.1f}s update {row['update_s']:.1f}s step {row['step_s']:.1f}s")
             if done % g.checkpoint_every == 0 or done == steps:
-                _checkpoint(cfg, done, learner, sampler)
+                _checkpoint(cfg, done, learner, position)
     except ServiceError as exc:
-        _checkpoint(cfg, done, learner, sampler)
+        _checkpoint(cfg, done, learner, position)
         cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1]
         raise ServiceError(f"{cause}; stopped after step {done} of {steps} with a checkpoint in "
                            f"{output_path(cfg, 'checkpoints')}: rerun with --resume once the service is back") from None
@@ -173,11 +224,23 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
     return {"steps": steps, "start": start, "metrics": str(metrics.path)}
 
 
+def _placement(cfg: Config, learner, log) -> None:
+    import ray
+
+    info, ro = ray.get(learner.describe.remote()), cfg.rollout
+    log(f"[job] learner actor on {info['device']} ({info['threads']} torch threads, Ray resources "
+        f"{info['resources']}); {ro.num_workers} rollout worker(s), each {ro.worker_cpus} CPU and "
+        f"{ro.worker_gpus} GPU ({ro.engine} engine{', ' + ro.device if ro.engine == 'transformers' else ''}); "
+        f"max_staleness {cfg.grpo.max_staleness}")
+
+
 def train(cfg: Config, resume: bool = False, log=print) -> dict:
     """Run the whole job; returns {"steps", "metrics", "policy", "plot"}."""
+    import ray
+
     from ray_jobs.services import JobServices
     from rollout.pool import RolloutPool
-    from trainer.learner import Learner
+    from trainer.learner import place, start_learner
     from trainer.metrics import plot_curves, read_metrics
 
     out = Path(cfg.run.output_dir)
@@ -188,13 +251,17 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict:
         f"{cfg.grpo.batch_states} states x {cfg.rollout.group_size} samples; outputs in {out}/")
     with JobServices(cfg, config_file, out / "logs", need_retriever=cfg.rollout.rag, log=log) as svc:
         start_ray(cfg)
-        learner = Learner(cfg)
+        cfg = place(cfg, ray.cluster_resources().get("GPU", 0.0))
+        learner = start_learner(cfg)
         pool = RolloutPool(cfg, svc.urls["retriever"], svc.urls["reward"])
         try:
+            _placement(cfg, learner, log)
             summary = fit(cfg, pool, learner, states, resume=resume, log=log, restarts=lambda: svc.restarts)
+            meta = {"stage": "grpo", "steps": summary["steps"]}
+            summary["policy"] = str(ray.get(learner.save_policy.remote(str(out.resolve() / "policy"), meta)))
         finally:
             pool.shutdown()
-    summary["policy"] = str(learner.save_policy(out / "policy", meta={"stage": "grpo", "steps": summary["steps"]}))
+            ray.kill(learner, no_restart=True)
     rows = read_metrics(summary["metrics"])
     summary["plot"] = str(plot_curves(rows, out / "reward_curve.png")) if rows else None
     log(f"[job] done: policy {summary['policy']}, metrics {summary['metrics']}, plot {summary['plot']}")

@@ -154,10 +154,13 @@ def record(p1: list[int], g1: Generation, feedback: list[int] | None, g2: Genera
 
 
 def as_scheduler(engine: GenerationEngine | EngineScheduler, max_batch: int = 64):
-    """An object with ``async generate(prompt_ids, params, seeds)``: the engine itself when it batches
-    asynchronously on its own, else an ``EngineScheduler`` over it."""
+    """An object with ``async generate(prompt_ids, params, seeds)`` and ``tokenizer``: the engine's own
+    continuous-batching front (``engine.scheduler()``), the object itself when it is already async,
+    else an ``EngineScheduler`` over the engine."""
     if isinstance(engine, EngineScheduler) or getattr(engine, "is_async", False):
         return engine
+    if hasattr(engine, "scheduler"):
+        return engine.scheduler()
     return EngineScheduler(engine, max_batch)
 
 

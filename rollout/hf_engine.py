@@ -1,121 +1,134 @@
-"""The transformers generation engine (CPU or one GPU).
+"""The transformers generation engine (CPU or one GPU): continuous batching over a slot KV cache.
 
-Owns: a plain batched decode loop: left-padded prefill, then one token per step through the KV cache
-under ``torch.inference_mode``; each step's draw is ``escrag.sampling.sample`` (temperature, top-k
-first and top-p inside the top k, one seed per row; design section 5: HF's full-vocabulary sort costs
-32-36 ms per step at batch 8 on this CPU, the top-64-then-top-p sampler ~1.25 ms); greedy when
-temperature is 0; stop at EOS (kept as the last completion token, so the learner trains the stop
-decision) or right after a stop string.
+Owns: ``HFEngine`` (sync ``generate``, ``scheduler()`` for concurrent async callers, ``load_weights``,
+``warmup``) and the prefix cache of finished rows' K/V. The tensor side (slots, prefill, the
+compiled decode step with sampling inside) is ``rollout/decoder.py``.
 
+How a batch runs. Requests (sync or async) queue their rows; one runner thread loops: admit waiting
+rows into free slots (prefill, first token), run one decode step for the live rows, retire the rows
+that finished (EOS, a stop string, ``max_new_tokens``, or ``rollout.max_seq_len``) and move the last
+live rows into their slots, so finished rows cost nothing and live rows stay packed in [0, n). A
+request's future resolves when its last row finishes; meanwhile rows of other requests join, so an
+episode that waits on HTTP never idles the engine. Rows in one decode step share temperature, top-p
+and top-k (the compiled step is specialised on them); a waiting row with other values enters when
+the batch has drained.
+
+Precision: weights in ``rollout.dtype`` (auto: bfloat16 where the hardware multiplies it fast,
+``escrag.models.engine_dtype``); when that differs from the learner's ``policy.dtype`` the learner
+recomputes π_old (``trainer.learner.recompute_old``) and ``logp_diff`` shows the gap.
+
+Prefix cache: a new row copies the K/V of the longest prefix of its prompt that a live row or a
+recently finished row (``rollout.prefix_cache_tokens``) already computed, and prefills only the rest.
+The N samples of a stage-1 prompt prefill it once, and a stage-2 prompt (p1 + ĉ + feedback) reuses
+the K/V of its own stage-1 row. Copied K/V equal recomputed K/V up to the rounding of a different
+matmul shape.
+
+Sampling and EOS: ``escrag.sampling.sample`` (temperature, top-k first and top-p inside the top k, one
+seed per row; design section 5: HF's full-vocabulary sort costs 32-36 ms per step at batch 8 on this
+CPU, the top-64-then-top-p sampler ~1.25 ms); greedy when temperature is 0. EOS is kept as the last
+completion token (the learner trains the stop decision); a stop string ends the row right after it.
 Departure from HF ``generate``: with ``top_k`` > 0, top-p only sees the top k tokens; in 6-12% of rows
-the top 64 hold under 95% of the mass (design section 5), so the sampled distribution is slightly
-sharper there. ``rollout.top_k: 0`` restores the full-vocabulary top-p.
+the top 64 hold under 95% of the mass, so the sampled distribution is slightly sharper there;
+``rollout.top_k: 0`` restores the full-vocabulary top-p.
 """
 
 from __future__ import annotations
 
-import inspect
+import asyncio
 import random
 import threading
+import time
+from collections import OrderedDict, deque
 
+import numpy as np
 import torch
-from transformers import DynamicCache
 
 from escrag.models import load_causal_lm, load_tokenizer, resolve_device
 from escrag.sampling import sample
+from rollout.decoder import SlotDecoder
 from rollout.engine import Generation, GenerationEngine, SamplingParams, stop_position
 
 STOP_TAIL_TOKENS = 16  # tokens decoded per step to look for a stop string that just completed
+MIN_REUSE = 16  # shortest cached prefix worth copying instead of recomputing
 
 
 class HFEngine(GenerationEngine):
-    def __init__(self, model_spec: str, dtype: str = "float32", device: str = "cpu", seed: int = 0,
-                 max_batch: int = 64):
-        self.device, self.max_batch, self.version = resolve_device(device), max_batch, 0
+    def __init__(self, model_spec: str, ro, dtype: str = "float32", seed: int = 0):
+        """``ro``: the ``RolloutConfig``; ``dtype``: the engine's weights dtype, already resolved."""
+        self.device, self.max_batch, self.version, self.dtype = resolve_device(ro.device), ro.max_batch, 0, dtype
         self.tokenizer = load_tokenizer(model_spec)
         self.model = load_causal_lm(model_spec, dtype).to(self.device).eval()
         self._named = self.model.state_dict(keep_vars=True)  # tied names map to the same tensor
+        self.decoder = SlotDecoder(self.model, ro)
+        self.prefix_cache = PrefixCache(ro.prefix_cache_tokens)
         self._seed_rng = random.Random(seed)
-        self._lock = threading.Lock()
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
-        # transformers >= 5.2x names the KV-cache argument `cache`; earlier 5.x `past_key_values`
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.eos_ids = {i for i in [*eos, self.tokenizer.eos_token_id] if i is not None}
+        self._lock = threading.Lock()  # the batch and the weights: one decode step or weight load at a time
+        self._queue = threading.Condition()  # guards _waiting and _running
+        self._waiting: deque[_Row] = deque()
+        self._running = False
+        self._live: list[_Row] = []  # row i decodes in slot i; only the runner thread touches it
+        self._front: AsyncFront | None = None
+        # steps: decode passes; decode_rows: live rows over them; joined_running: rows admitted while
+        # others were mid-decode; prefill_tokens / reused_tokens: prompt tokens computed / copied
+        self.stats = dict.fromkeys(("steps", "decode_rows", "joined_running", "prefill_tokens", "reused_tokens"), 0)
 
-    # ------------------------------------------------------------------ generation
+    # ------------------------------------------------------------------ public
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None) -> list[Generation]:
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("every prompt needs at least one token")
+        done = threading.Event()
+        request = self.submit(prompt_ids, params, seeds, done.set)
+        done.wait()
+        return request.result()
+
+    def scheduler(self) -> AsyncFront:
+        """The engine's async front (one per engine): ``await generate(prompt_ids, params, seeds)``."""
+        if self._front is None:
+            self._front = AsyncFront(self)
+        return self._front
+
+    def submit(self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int] | None,
+               on_done) -> Request:
+        """Queue one request; ``on_done()`` is called from the runner thread when all its rows are
+        done (or it failed); then ``request.result()`` returns the generations or raises."""
+        for p in prompt_ids:
+            if not p:
+                raise ValueError("every prompt needs at least one token")
+            if len(p) >= self.decoder.max_seq_len:
+                raise ValueError(f"prompt of {len(p)} tokens: rollout.max_seq_len is "
+                                 f"{self.decoder.max_seq_len} (prompt + completion)")
+        request = Request(params, on_done)
+        request.rows = [_Row(request, list(p), s) for p, s in zip(prompt_ids, self.row_seeds(len(prompt_ids), seeds))]
+        if not request.rows:
+            on_done()
+            return request
+        with self._queue:
+            self._waiting.extend(request.rows)
+            start, self._running = not self._running, True
+        if start:
+            threading.Thread(target=self._run, name="hf-engine", daemon=True).start()
+        return request
+
+    def warmup(self, params: SamplingParams) -> float:
+        """Compile (or run once) the decode step for these sampling parameters: one graph serves every
+        batch size and length. Returns the seconds it took; runs on free slots of an idle engine."""
         with self._lock:
-            seeds = self.row_seeds(len(prompt_ids), seeds)
-            out: list[Generation] = []
-            for i in range(0, len(prompt_ids), self.max_batch):
-                rows = slice(i, i + self.max_batch)
-                out += self._generate_batch(prompt_ids[rows], params, seeds[rows])
-            return out
-
-    def _left_pad(self, prompts: list[list[int]]):
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        return ids.to(self.device), mask.to(self.device)
-
-    @torch.inference_mode()
-    def _generate_batch(self, prompts, params: SamplingParams, seeds: list[int]) -> list[Generation]:
-        ids, mask = self._left_pad(prompts)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = {self._cache_kw: DynamicCache(config=self.model.config)}  # filled in place
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         logits_to_keep=1, **cache)  # prefill: only the last position's logits
-        next_pos = pos[:, -1:] + 1
-        logits = out.logits[:, -1, :]
-        rows = [_Row() for _ in prompts]
-        seed_t = torch.tensor(seeds, dtype=torch.long, device=self.device)
-        for step in range(params.max_new_tokens):
-            steps = torch.full_like(seed_t, step)
-            tok, logp = sample(logits, params.temperature, params.top_p, params.top_k, seed_t, steps)
-            for row, t, lp in zip(rows, tok.tolist(), logp.tolist()):
-                if row.reason is None:
-                    self._advance(row, t, lp, params)
-            if all(r.reason for r in rows) or step == params.max_new_tokens - 1:
-                break
-            feed = torch.tensor([[r.token_ids[-1] if r.reason is None else self.tokenizer.pad_token_id]
-                                 for r in rows], device=self.device)
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            out = self.model(input_ids=feed, attention_mask=mask, position_ids=next_pos, use_cache=True,
-                             **cache)
-            next_pos, logits = next_pos + 1, out.logits[:, -1, :]
-        return [self._finish(r, params) for r in rows]
-
-    def _advance(self, row: _Row, token: int, logprob: float, params: SamplingParams) -> None:
-        row.token_ids.append(token)
-        row.logprobs.append(logprob)
-        if token in self.eos_ids:
-            row.reason, row.eos = "stop", True
-        elif params.stop_strings:
-            tail = self.tokenizer.decode(row.token_ids[-STOP_TAIL_TOKENS:], skip_special_tokens=True)
-            if stop_position(tail, params.stop_strings) is not None:
-                row.reason = "stop"
-
-    def _finish(self, row: _Row, params: SamplingParams) -> Generation:
-        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
-        cut = stop_position(text, params.stop_strings)
-        if cut is not None:
-            text = text[:cut]
-        return Generation(row.token_ids, row.logprobs, text, row.reason or "length", row.eos)
-
-    # ------------------------------------------------------------------ weights
+            if self._live:
+                raise RuntimeError("warmup needs an idle engine")
+            self.decoder.reserve(2)
+            t = time.perf_counter()
+            self.decoder.decode([0, 0], [1, 1], [0, 0], [1, 1], params.temperature, params.top_p, params.top_k)
+            return time.perf_counter() - t
 
     def load_weights(self, weights: dict, version: int) -> None:
-        """Copy ``weights`` (state-dict names -> tensors) into the model; all names and shapes are
-        checked before anything is copied, so a bad dict leaves the engine unchanged."""
+        """Copy ``weights`` (state-dict names -> tensors) into the model's own tensors, in place, so
+        compiled graphs (which read the parameters as inputs) see them; all names and shapes are
+        checked before anything is copied, so a bad dict leaves the engine unchanged. Rows decoding
+        meanwhile continue with the new weights from the next step on; callers that need one version
+        per batch load between batches (``rollout.worker``). Cached prefixes are dropped."""
         with self._lock:
             self._check_version(version)
             unknown = sorted(set(weights) - set(self._named))
@@ -129,15 +142,255 @@ class HFEngine(GenerationEngine):
                 for name, tensor in weights.items():
                     target = self._named[name]
                     target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+            self.decoder.repack([self._named[name] for name in weights])
+            self.prefix_cache.clear()
             self.version = version
+
+    # ------------------------------------------------------------------ the runner
+
+    def _run(self) -> None:
+        """The runner thread: iterate until no row is live or waiting."""
+        while True:
+            with self._queue:
+                if not self._live and not self._waiting:
+                    self._running = False
+                    return
+            try:
+                with self._lock:
+                    finished = self._iterate()
+            except BaseException as exc:  # noqa: BLE001  every request in flight sees the failure
+                self._fail_all(exc)
+                continue
+            for request in finished:
+                request.on_done()
+
+    def _iterate(self) -> list[Request]:
+        """Admit waiting rows, run one decode step, retire finished rows; returns finished requests."""
+        done = self._admit()
+        if self._live:
+            done += self._step()
+        return [r.request for r in done if r.request.row_done()]
+
+    def _admit(self) -> list[_Row]:
+        done = []
+        while len(self._live) < self.max_batch:
+            with self._queue:
+                if not self._waiting or (self._live and self._waiting[0].key != self._live[0].key):
+                    break
+                row = self._waiting.popleft()
+            slot = len(self._live)
+            self.stats["joined_running"] += any(len(r.token_ids) > 1 for r in self._live)
+            self.decoder.reserve(slot + 1)
+            logits = self._prefill(row, slot)
+            p = row.request.params
+            tok, logp = sample(logits, p.temperature, p.top_p, p.top_k, torch.tensor([row.seed]),
+                               torch.zeros(1, dtype=torch.long))
+            self._live.append(row)
+            if self._advance(row, int(tok), float(logp)):
+                done.append(row)
+                self._retire([slot])
+        return done
+
+    def _prefill(self, row: _Row, slot: int) -> torch.Tensor:
+        """Prefill ``row``'s prompt into ``slot``, copying the K/V of the longest cached prefix."""
+        prompt, best, source = row.prompt, 0, None
+        for i, other in enumerate(self._live):  # live rows: K/V valid for positions < pos
+            n = common_prefix(prompt, other.tokens(), min(other.pos, len(prompt) - 1))
+            if n > best:
+                best, source = n, i
+        hit = self.prefix_cache.find(prompt, len(prompt) - 1)
+        if hit[0] > best:
+            best, source = hit
+        if best < MIN_REUSE:
+            best = 0
+        elif isinstance(source, int):
+            self.decoder.copy(source, slot, best)
+        else:
+            self.decoder.restore(source, slot, best)
+        self.stats["prefill_tokens"] += len(prompt) - best
+        self.stats["reused_tokens"] += best
+        return self.decoder.prefill(slot, prompt, best)
+
+    def _step(self) -> list[_Row]:
+        live = self._live
+        p = live[0].request.params
+        toks, logps = self.decoder.decode([r.token_ids[-1] for r in live], [r.pos for r in live],
+                                          [r.seed for r in live], [len(r.token_ids) for r in live],
+                                          p.temperature, p.top_p, p.top_k)
+        self.stats["steps"] += 1
+        self.stats["decode_rows"] += len(live)
+        finished = [i for i, (row, t, lp) in enumerate(zip(live, toks, logps)) if self._advance(row, t, lp)]
+        done = [live[i] for i in finished]
+        self._retire(finished)
+        return done
+
+    def _advance(self, row: _Row, token: int, logprob: float) -> bool:
+        """Append a sampled token; True when the row is finished."""
+        row.token_ids.append(token)
+        row.logprobs.append(logprob)
+        params = row.request.params
+        if token in self.eos_ids:
+            row.reason, row.eos = "stop", True
+        elif params.stop_strings:
+            tail = self.tokenizer.decode(row.token_ids[-STOP_TAIL_TOKENS:], skip_special_tokens=True)
+            if stop_position(tail, params.stop_strings) is not None:
+                row.reason = "stop"
+        if row.reason is None and (len(row.token_ids) >= params.max_new_tokens
+                                   or len(row.prompt) + len(row.token_ids) >= self.decoder.max_seq_len):
+            row.reason = "length"
+        return row.reason is not None
+
+    def _retire(self, slots: list[int]) -> None:
+        """Drop the rows in ``slots`` (kept in the prefix cache) and pack the live rows into [0, n)."""
+        live = self._live
+        for i in slots:
+            row = live[i]
+            if self.prefix_cache.capacity and row.pos >= MIN_REUSE:
+                self.prefix_cache.put(row.tokens()[:row.pos], self.decoder.save(i, row.pos))
+            row.generation = self._finish(row)
+            live[i] = None
+        keep = [r for r in live if r is not None]
+        holes = [i for i in range(len(keep)) if live[i] is None]
+        movers = [i for i in range(len(keep), len(live)) if live[i] is not None]
+        for dst, src in zip(holes, movers):
+            self.decoder.copy(src, dst, live[src].pos)
+            live[dst] = live[src]
+        del live[len(keep):]
+
+    def _finish(self, row: _Row) -> Generation:
+        params = row.request.params
+        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        cut = stop_position(text, params.stop_strings)
+        if cut is not None:
+            text = text[:cut]
+        return Generation(row.token_ids, row.logprobs, text, row.reason or "length", row.eos)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock, self._queue:
+            rows = [*self._live, *self._waiting]
+            self._live, self._waiting = [], deque()
+        for request in {id(r.request): r.request for r in rows}.values():
+            request.error = exc
+            request.on_done()
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    if n < MIN_REUSE or a[:MIN_REUSE] != b[:MIN_REUSE]:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
+
+
+class PrefixCache:
+    """K/V of finished rows (token ids -> ``SlotDecoder.save`` copy), least recently used out first,
+    at most ``capacity`` tokens in all (0: off)."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.tokens = capacity, 0
+        self._entries: OrderedDict[int, tuple[list[int], torch.Tensor]] = OrderedDict()
+        self._next = 0
+
+    def put(self, tokens: list[int], kv: torch.Tensor) -> None:
+        if len(tokens) > self.capacity:
+            return
+        self._entries[self._next] = (tokens, kv)
+        self._next += 1
+        self.tokens += len(tokens)
+        while self.tokens > self.capacity:
+            _, (old, _) = self._entries.popitem(last=False)
+            self.tokens -= len(old)
+
+    def find(self, prompt: list[int], limit: int) -> tuple[int, torch.Tensor | None]:
+        """(length, K/V) of the entry sharing the longest prefix with ``prompt`` (at most ``limit``)."""
+        best, hit = 0, None
+        for key, (tokens, _) in self._entries.items():
+            n = common_prefix(prompt, tokens, limit)
+            if n > best:
+                best, hit = n, key
+        if hit is None:
+            return 0, None
+        self._entries.move_to_end(hit)
+        return best, self._entries[hit][1]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
+
+
+class Request:
+    """One ``generate`` call: its rows, in order, and how it ends."""
+
+    def __init__(self, params: SamplingParams, on_done):
+        self.params, self.on_done = params, on_done
+        self.rows: list[_Row] = []
+        self.error: BaseException | None = None
+        self._left = None
+
+    def row_done(self) -> bool:
+        """Count one finished row; True when it was the last."""
+        self._left = (len(self.rows) if self._left is None else self._left) - 1
+        return self._left == 0
+
+    def result(self) -> list[Generation]:
+        if self.error is not None:
+            raise self.error
+        return [r.generation for r in self.rows]
 
 
 class _Row:
-    __slots__ = ("token_ids", "logprobs", "reason", "eos")
+    __slots__ = ("request", "prompt", "seed", "token_ids", "logprobs", "reason", "eos", "generation")
 
-    def __init__(self):
+    def __init__(self, request: Request, prompt: list[int], seed: int):
+        self.request, self.prompt, self.seed = request, prompt, seed
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.reason: str | None = None
         self.eos = False
+        self.generation: Generation | None = None
 
+    @property
+    def key(self) -> tuple:
+        p = self.request.params
+        return p.temperature, p.top_p, p.top_k
+
+    @property
+    def pos(self) -> int:
+        """Position of the last token: the next one fed; K/V is valid for positions below it."""
+        return len(self.prompt) + len(self.token_ids) - 1
+
+    def tokens(self) -> list[int]:
+        return self.prompt + self.token_ids
+
+
+class AsyncFront:
+    """What concurrent episodes await (``rollout.episode.as_scheduler``): each call's rows join the
+    engine's running batch; the event loop keeps serving retrieval and reward calls meanwhile."""
+
+    is_async = True
+
+    def __init__(self, engine: HFEngine):
+        self.engine = engine
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    async def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                       seeds: list[int] | None = None) -> list[Generation]:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def resolve():
+            if not fut.done():
+                fut.set_exception(request.error) if request.error else fut.set_result(request.result())
+
+        def on_done():
+            try:
+                loop.call_soon_threadsafe(resolve)
+            except RuntimeError:  # the caller's loop is closed: nobody waits any more
+                pass
+
+        request = self.engine.submit(prompt_ids, params, seeds, on_done)
+        return await fut

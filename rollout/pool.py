@@ -2,7 +2,10 @@
 
 Owns: ``RolloutPool``: starts ``rollout.num_workers`` ``RolloutWorker`` actors, spreads a batch of
 dialogue states across them (one contiguous chunk per worker, so each worker batches its groups),
-gathers the groups in input order, and keeps every worker on the latest weights.
+gathers the groups in input order, and keeps every worker on the latest weights. ``submit`` starts a
+batch and returns at once, ``collect`` waits for it, so a caller may keep several batches in flight
+(the streaming learner generates the next steps while it updates); a worker runs its calls one at a
+time, in the order they were submitted, each with the weights it holds when the call starts.
 
 Fault handling: when a worker dies mid-batch, Ray restarts it and its call fails with
 ``RayActorError``; the pool re-issues that worker's whole chunk (the dead call returned nothing, so no
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 import ray
 from ray.exceptions import RayActorError
@@ -45,25 +49,34 @@ class RolloutPool:
     def generate(self, states: list[DialogueState], seeds: list[int]) -> list[ScoredGroup]:
         """One ``ScoredGroup`` per state, in the order of ``states``; ``seeds[i]`` is state i's group
         seed, so what a state draws does not depend on which worker runs it."""
-        if not states:
-            return []
-        chunks = _split(list(zip(states, seeds)), len(self.workers))
-        results: list[list[ScoredGroup] | None] = [None] * len(chunks)
-        pending = {self._submit(i, chunk): (i, 0) for i, chunk in enumerate(chunks)}
+        return self.collect(self.submit(states, seeds))[0]
+
+    def submit(self, states: list[DialogueState], seeds: list[int]) -> Batch:
+        """Start generating a batch (as ``generate``) and return at once."""
+        chunks = _split(list(zip(states, seeds)), len(self.workers)) if states else []
+        return Batch(chunks, {self._submit(i, chunk): (i, 0) for i, chunk in enumerate(chunks)})
+
+    def collect(self, batch: Batch) -> tuple[list[ScoredGroup], list]:
+        """Wait for a submitted batch, re-issuing the chunks of workers that died. Returns (the groups
+        in input order, the ObjectRef of each chunk's result, for a consumer that reads them from the
+        object store)."""
+        results: list[list[ScoredGroup] | None] = [None] * len(batch.chunks)
+        refs: list = [None] * len(batch.chunks)
+        pending = batch.calls
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             i, attempts = pending.pop(ref)
             try:
-                results[i] = ray.get(ref)
+                results[i], refs[i] = ray.get(ref), ref
             except RayActorError as exc:
                 if attempts >= self.cfg.rollout.max_reissues:
                     raise RuntimeError(f"rollout worker {i} died {attempts + 1} times on one chunk; "
                                        f"giving up ({exc})") from exc
                 log.warning("rollout worker %d died mid-batch; re-issuing its %d states", i,
-                            len(chunks[i]))
+                            len(batch.chunks[i]))
                 self.reissued += 1
-                pending[self._submit(i, chunks[i])] = (i, attempts + 1)
-        return [g for chunk in results for g in chunk]
+                pending[self._submit(i, batch.chunks[i])] = (i, attempts + 1)
+        return [g for chunk in results for g in chunk], refs
 
     def _submit(self, i: int, chunk: list[tuple[DialogueState, int]]):
         self._catch_up(self.workers[i])
@@ -84,14 +97,15 @@ class RolloutPool:
                 time.sleep(delay)  # Ray is restarting it: __init__ loads the model again
                 delay = min(2 * delay, 20 * ro.restart_poll_s)
 
-    def push_weights(self, weights: dict, version: int) -> None:
-        """Put ``weights`` in the object store once and load them into every worker. A worker that is
-        dead right now gets them when it next generates."""
+    def push_weights(self, weights, version: int) -> None:
+        """Load ``weights`` (a dict, put in the object store once here, or the ObjectRef of one) into
+        every worker, waiting until each has them (a worker busy generating loads them after its
+        calls already queued there). A worker that is dead right now gets them when it next generates."""
         if version <= self.version:
             from rollout.engine import StaleWeightsError
 
             raise StaleWeightsError(f"weights version {version} is not newer than {self.version}")
-        ref = ray.put(weights)
+        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
         self._weights_ref, self.version = ref, version
         calls = [w.load_weights.remote(ref, version) for w in self.workers]
         for call in calls:
@@ -107,6 +121,14 @@ class RolloutPool:
         for w in self.workers:
             ray.kill(w, no_restart=True)
         self.workers = []
+
+
+@dataclass
+class Batch:
+    """A submitted batch: its chunks of (state, seed) and the calls in flight (ref -> (chunk, tries))."""
+
+    chunks: list[list[tuple[DialogueState, int]]]
+    calls: dict
 
 
 def _split(items: list, n: int) -> list[list]:

@@ -14,6 +14,7 @@ by Ray (``max_task_retries=0``): the pool re-issues the states itself so nothing
 from __future__ import annotations
 
 import asyncio
+import time
 
 import ray
 
@@ -32,17 +33,18 @@ class RolloutWorker:
                  api_key: str | None = None):
         import torch
 
-        from escrag.models import offline_env
-        from rollout.engine import EngineScheduler, make_engine
+        from escrag.models import actor_env
+        from rollout.engine import make_engine
+        from rollout.episode import as_scheduler
 
-        offline_env()
+        actor_env()
         if cfg.rollout.torch_threads:
             torch.set_num_threads(cfg.rollout.torch_threads)
         if cfg.rollout.rag and not retriever_url:
             raise UserError("rollout.rag is on but no retriever URL was given")
         self.cfg, self.index = cfg, worker_index
         self.engine = make_engine(cfg, seed=derive_seed(cfg.run.seed, "worker", worker_index))
-        self.sched = EngineScheduler(self.engine, cfg.rollout.max_batch)
+        self.sched = as_scheduler(self.engine, cfg.rollout.max_batch)
         self.retriever = RetrieverClient(retriever_url, cfg.retriever, api_key) if cfg.rollout.rag else None
         self.reward = RewardClient(reward_url, cfg.reward, api_key)
         self.risk = None  # one crisis check per worker process: the risk metric of every rollout
@@ -60,13 +62,15 @@ class RolloutWorker:
         self._in_flight += 1
         try:
             async with self._lock:
+                t0 = time.perf_counter()
                 groups = await run_groups(states, self.sched, self.retriever, self.reward, self.cfg,
                                           self.engine.version, seeds, self.risk)
+                batch_s = time.perf_counter() - t0
         finally:
             self._in_flight -= 1
         self._groups += len(groups)
         for g in groups:
-            g.stats["worker"] = self.index
+            g.stats.update(worker=self.index, batch_s=batch_s)  # batch_s: this call's generation time
         return groups
 
     async def load_weights(self, weights_ref_or_dict, version: int) -> int:

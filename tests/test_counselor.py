@@ -108,7 +108,7 @@ def test_answer_in_process(urls, tiny_model):
     from rollout.hf_engine import HFEngine
 
     cfg = load_config("configs/cpu-test.yaml", [a for a in ARGS if a != "-o"])
-    chat = engine_chat(HFEngine(tiny_model), cfg)
+    chat = engine_chat(HFEngine(tiny_model, cfg.rollout), cfg)
     state = load_states("test")[0]
     ans = asyncio.run(answer(state.history, chat, RetrieverClient(urls["retriever"]), cfg, seed=3))
     assert {"response", "think", "initial", "initial_output", "exemplars", "output", "query"} <= set(ans)

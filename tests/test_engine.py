@@ -10,6 +10,7 @@ import asyncio
 import pytest
 import torch
 
+from escrag.config import load_config
 from escrag.prompts import render, stage1_messages
 from escrag.sampling import sample
 from rollout.engine import EngineScheduler, SamplingParams, StaleWeightsError
@@ -21,11 +22,12 @@ def params(n, temperature, top_p=1.0, top_k=0, stop_strings=()):
 
 
 GREEDY = params(12, 0.0)
+RO = load_config("configs/cpu-test.yaml").rollout  # float32, compile off
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    return HFEngine(tiny_model, seed=0)
+    return HFEngine(tiny_model, RO, seed=0)
 
 
 def _prompt(tok, text: str) -> list[int]:
@@ -104,7 +106,7 @@ def test_stop_string_ends_the_row_after_it(engine, prompts):
 
 
 def test_eos_is_kept_and_stops(tiny_model, prompts):
-    eng = HFEngine(tiny_model)
+    eng = HFEngine(tiny_model, RO)
     full = eng.generate([prompts[0]], GREEDY)[0]
     eng.eos_ids = {full.token_ids[3]}  # pretend the 4th greedy token is the EOS
     first = full.token_ids.index(full.token_ids[3])
@@ -113,7 +115,7 @@ def test_eos_is_kept_and_stops(tiny_model, prompts):
 
 
 def test_load_weights_partial_versioned_and_validated(tiny_model, prompts):
-    eng = HFEngine(tiny_model)
+    eng = HFEngine(tiny_model, RO)
     before = {k: v.clone() for k, v in eng.model.state_dict().items()}
     vocab = eng.model.config.vocab_size
     with pytest.raises(KeyError, match="unknown parameter"):

@@ -106,3 +106,14 @@ def test_distinct_2():
     assert distinct_n(["a b a b"], 2) == pytest.approx(2 / 3)
     assert distinct_n(["a b", "a b"], 2) == pytest.approx(1 / 2)
     assert distinct_n(["one"], 2) == 0.0
+
+
+def test_paired_delta_matches_states_and_ignores_unpaired_ones():
+    from evaluation.proxy import paired_deltas
+
+    recs = [{"system": s, "state_id": f"d{i}/1", "answer_key": f"{s}{i}"} for s in ("a", "b") for i in range(4)]
+    recs.append({"system": "b", "state_id": "d9/1", "answer_key": "b9"})  # only b answered it
+    rm = {f"a{i}": float(i) for i in range(4)} | {f"b{i}": float(i) + 0.5 * (i % 2) for i in range(4)} | {"b9": 99.0}
+    assert sorted(paired_deltas(recs, rm, "b", "a")) == [0.0, 0.0, 0.5, 0.5]
+    assert paired_deltas(recs, rm, "a", "a") == [0.0] * 4
+

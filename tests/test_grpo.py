@@ -1,7 +1,11 @@
 """GRPO math invariants (trainer/grpo.py): zero-mean advantages per group, constant groups give zero
 advantage and zero gradient, micro-batch losses sum to the whole-batch loss, ratio 1 reduces to the
 policy-gradient estimate, clipping stops the gradient, k3 KL is non-negative and zero at the
-reference, and a plain-Python loop reference equals the vectorized code on seeded shapes.
+reference, and a plain-Python loop reference equals the vectorized code on seeded shapes. The
+decoupled objective for off-policy groups: with π_prox == π_behaviour it is exactly the plain loss
+(value and gradient), it equals the loop reference (token and sequence ratios, with and without the
+weight's truncation), the weight carries no gradient and scales each token's policy gradient, and its
+metrics report the untruncated mean and max.
 Run: .venv/bin/python -m pytest -q tests/test_grpo.py   (~2 s)"""
 
 import math
@@ -35,11 +39,13 @@ def loop_advantages(rewards, eps):
     return out
 
 
-def loop_loss(logp, old, ref, adv, mask, clip_eps, kl_coef, ratio_level, loss_agg):
+def loop_loss(logp, old, ref, adv, mask, clip_eps, kl_coef, ratio_level, loss_agg, behav=None, cap=None):
+    """``behav``: the decoupled objective, each token's surrogate weighted by min(π_old / π_behav, cap)."""
     B, T = len(logp), len(logp[0])
     tok_terms, seq_terms, n_tok = [], [], 0
     for b in range(B):
         seq_delta = sum((logp[b][t] - old[b][t]) for t in range(T) if mask[b][t])
+        seq_behav = sum((old[b][t] - behav[b][t]) for t in range(T) if mask[b][t]) if behav else 0.0
         terms = []
         for t in range(T):
             if not mask[b][t]:
@@ -47,6 +53,9 @@ def loop_loss(logp, old, ref, adv, mask, clip_eps, kl_coef, ratio_level, loss_ag
             ratio = math.exp(seq_delta if ratio_level == "sequence" else logp[b][t] - old[b][t])
             clipped = min(max(ratio, 1 - clip_eps), 1 + clip_eps)
             pg = -min(ratio * adv[b], clipped * adv[b])
+            if behav:
+                w = math.exp(seq_behav if ratio_level == "sequence" else old[b][t] - behav[b][t])
+                pg *= w if cap is None else min(w, cap)
             d = ref[b][t] - logp[b][t]
             terms.append(pg + kl_coef * (math.exp(d) - d - 1))
         n_tok += len(terms)
@@ -172,3 +181,57 @@ def test_bad_options_are_named():
         policy_loss(logp, old, ref, adv, mask, ratio_level="seq")
     with pytest.raises(ValueError, match="loss_agg"):
         policy_loss(logp, old, ref, adv, mask, loss_agg="sum")
+
+
+# ----------------------------------------------------------------------------- decoupled objective
+
+
+def test_decoupled_with_prox_equal_to_behaviour_is_the_plain_loss():
+    logp, old, ref, adv, mask = _batch(10)
+    theta1, theta2 = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+    plain, m1 = policy_loss(theta1, old, ref, adv, mask)
+    dec, m2 = policy_loss(theta2, old, ref, adv, mask, behaviour_logp=old.clone(), weight_cap=2.0)
+    plain.backward()
+    dec.backward()
+    assert dec.item() == plain.item() and torch.equal(theta1.grad, theta2.grad)
+    assert m2["iw_mean"].item() == 1.0 and m2["iw_max"].item() == 1.0 and m2["iw_truncated_frac"].item() == 0.0
+    assert "iw_mean" not in m1
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+@pytest.mark.parametrize("cap", [None, 1.5])
+def test_decoupled_matches_loop_reference(ratio_level, cap):
+    for seed in range(3):
+        logp, old, ref, adv, mask = _batch(20 + seed)
+        behav = old + 0.4 * torch.randn(old.shape, generator=torch.Generator().manual_seed(seed))
+        if ratio_level == "sequence":  # moderate sequence ratios and weights
+            old, behav = logp + 0.05 * (old - logp), logp + 0.05 * (behav - logp)
+        loss, m = policy_loss(logp, old, ref, adv, mask, 0.2, 0.05, ratio_level, "token_mean",
+                              behaviour_logp=behav, weight_cap=cap)
+        want = loop_loss(logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.05,
+                         ratio_level, "token_mean", behav.tolist(), cap)
+        assert loss.item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+        w = torch.exp(old - behav) if ratio_level == "token" else \
+            torch.exp(((old - behav) * mask).sum(-1, keepdim=True)).expand_as(old)
+        assert m["iw_max"].item() == pytest.approx(w[mask > 0].max().item(), rel=1e-6)  # untruncated
+        assert m["iw_mean"].item() == pytest.approx(w[mask > 0].mean().item(), rel=1e-5)
+        if cap is not None:
+            assert m["iw_truncated_frac"].item() == pytest.approx((w[mask > 0] > cap).float().mean().item())
+
+
+def test_decoupled_weight_scales_the_gradient_and_has_none_itself():
+    """At θ = π_prox (ratio 1, nothing clipped) the gradient is -w·A·∇logp / n per token, w truncated at
+    the cap; π_prox and π_behaviour get no gradient."""
+    logp, _, _, adv, mask = _batch(11)
+    behav = logp + torch.linspace(-1.0, 1.0, logp.numel()).reshape(logp.shape)
+    theta = logp.clone().requires_grad_(True)
+    prox, beh = logp.clone().requires_grad_(True), behav.clone().requires_grad_(True)
+    loss, _ = policy_loss(theta, prox, None, adv, mask, kl_coef=0.0, behaviour_logp=beh, weight_cap=2.0)
+    loss.backward()
+    w = torch.exp(logp - behav).clamp(max=2.0)
+    assert torch.allclose(theta.grad, -(w * adv[:, None] * mask) / mask.sum(), atol=1e-7)
+    assert beh.grad is None or torch.count_nonzero(beh.grad) == 0
+    # prox gets gradient only through the ratio (as π_old always does): that part is the plain loss's
+    plain_prox = logp.clone().requires_grad_(True)
+    policy_loss(theta.detach(), plain_prox, None, adv, mask, kl_coef=0.0)[0].backward()
+    assert torch.allclose(prox.grad, w * plain_prox.grad, atol=1e-7)

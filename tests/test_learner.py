@@ -2,7 +2,8 @@
 transformers engine (rollout/hf_engine.py): the learner's log-probs match the engine's behaviour
 log-probs at the sampling temperature (0.7), micro-batching does not change the gradient, gradient
 reaches exactly the loss-mask-1 tokens of a micro-batch that mixes prompt and completion lengths (and
-a masked span in the middle), constant-reward groups are skipped and counted, LoRA's reference is the
+a masked span in the middle), π_old is recomputed by default when the engine runs in another
+precision, constant-reward groups are skipped and counted, LoRA's reference is the
 adapter switched off, exported weights pushed into an engine reproduce the learner's policy, and a
 state dict round-trips.
 Run: .venv/bin/python -m pytest -q tests/test_learner.py   (~25 s)"""
@@ -15,7 +16,7 @@ from escrag.records import Sample, ScoredGroup, TokenSequence
 from escrag.sampling import token_logprobs
 from rollout.engine import SamplingParams
 from rollout.episode import record
-from trainer.learner import Learner
+from trainer.learner import Learner, recompute_old
 
 PROMPTS = [[1, 504, 2088, 314, 253, 1345], [1, 9519, 28, 940, 446, 2], [1, 77, 78, 79]]
 
@@ -28,7 +29,7 @@ def _cfg(tiny_model, *over):
 def engine(tiny_model):
     from rollout.hf_engine import HFEngine
 
-    return HFEngine(tiny_model, seed=0)
+    return HFEngine(tiny_model, _cfg(tiny_model).rollout, seed=0)
 
 
 def _groups(engine, rewards, n=4, max_new=8, temperature=1.0):
@@ -68,6 +69,18 @@ def test_recomputed_old_logprobs_replace_the_behaviour_ones(tiny_model, engine):
     assert plain["ratio_mean"] > 1.1  # the gap shows up as ratio noise without recomputation
     assert again["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # π_old = π_θ before the first pass
     assert again["logp_diff"] == pytest.approx(0.25, abs=0.02)  # half the tokens are 0.5 off
+
+
+def test_auto_recompute_follows_the_engine_precision(tiny_model):
+    from escrag.models import fast_bfloat16
+
+    on = lambda *over: recompute_old(_cfg(tiny_model, *over))  # noqa: E731
+    assert not on() and on("rollout.dtype=bfloat16") and on("rollout.engine=vllm")
+    assert not on("rollout.dtype=bfloat16", "policy.dtype=bfloat16")
+    assert not on("rollout.dtype=bfloat16", "grpo.recompute_old_logprobs=false")
+    # auto: bfloat16 on hardware with fast bfloat16 (this CPU has AVX512-BF16), else policy.dtype
+    assert on("rollout.dtype=auto", "rollout.device=cpu") == fast_bfloat16("cpu")
+    assert not on("rollout.dtype=auto", "policy.dtype=bfloat16")
 
 
 def _masked_loss_by_hand(model, seqs, advs, temperature):
@@ -157,7 +170,7 @@ def test_exported_lora_weights_reproduce_the_policy_in_an_engine(tiny_model):
                 p.normal_(0, 0.2)
     weights = learner.export_weights()
     assert weights and all(k.startswith("model.layers.") and k.endswith("_proj.weight") for k in weights)
-    fresh = HFEngine(tiny_model, seed=0)
+    fresh = HFEngine(tiny_model, _cfg(tiny_model).rollout, seed=0)
     fresh.load_weights(weights, version=1)
     ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():

@@ -1,10 +1,11 @@
 """Evidence that the GRPO learner learns: the job's training loop (``ray_jobs.train_grpo.fit``) with a
-real ``RolloutPool`` (a Ray actor on the session head, transformers engine) and a real reward server
-process serving the ``vowels`` rule (share of vowels among the letters of the output) trains the
-tiny random Qwen2 for 12 steps. With a learning rate the mean reward rises clearly; with learning
-rate 0 (same seeds, same everything else) it does not. Vanilla one-stage rollouts (``rollout.rag:
-false``), 8 new tokens, top-k 64 at temperature 1, no KL: the cheapest setting where the signal is
-dense; the retrieval path is exercised by the job tests and the demo, not here.
+real ``RolloutPool`` (a Ray actor on the session head, transformers engine), the learner in its Ray
+actor and a real reward server process serving the ``vowels`` rule (share of vowels among the letters
+of the output) trains the tiny random Qwen2 for 12 steps. With a learning rate the mean reward rises
+clearly; with learning rate 0 (same seeds, same everything else) it does not. Vanilla one-stage
+rollouts (``rollout.rag: false``), 8 new tokens, top-k 64 at temperature 1, no KL: the cheapest
+setting where the signal is dense; the retrieval path is exercised by the job tests and the demo, not
+here.
 Run: .venv/bin/python -m pytest -q tests/test_learner_learns.py   (~90 s on 2 shared cores, ~55 s CPU)"""
 
 import pytest
@@ -16,9 +17,11 @@ STEPS = 12
 
 
 def _run(tmp_path, reward_url: str, lr: float) -> list[float]:
+    import ray
+
     from ray_jobs.train_grpo import fit, train_states
     from rollout.pool import RolloutPool
-    from trainer.learner import Learner
+    from trainer.learner import start_learner
 
     cfg = load_config("configs/cpu-test.yaml", [
         f"run.output_dir={tmp_path / f'lr{lr}'}", f"reward.url={reward_url}", "rollout.rag=false",
@@ -26,12 +29,13 @@ def _run(tmp_path, reward_url: str, lr: float) -> list[float]:
         "rollout.torch_threads=1", "data.max_history_turns=1", "data.max_train_states=4", "grpo.batch_states=4", f"grpo.steps={STEPS}",
         f"grpo.lr={lr}", "grpo.kl_coef=0.0", "grpo.micro_batch_size=16", "grpo.checkpoint_every=1000",
         "grpo.log_every=1000", "grpo.tensorboard=false"])
-    learner = Learner(cfg)
+    learner = start_learner(cfg)
     pool = RolloutPool(cfg, None, reward_url)
     try:
         summary = fit(cfg, pool, learner, train_states(cfg), log=lambda *_: None)
     finally:
         pool.shutdown()
+        ray.kill(learner)
     return [r["reward_mean"] for r in read_metrics(summary["metrics"])]
 
 

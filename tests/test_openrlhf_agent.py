@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("openrlhf.utils.agent", reason="make install adds the no-deps OpenRLHF these tests use")
 
-from escrag.config import ConfigError, load_config  # noqa: E402
+from escrag.config import ConfigError, RolloutConfig, load_config  # noqa: E402
 from escrag.data import load_states  # noqa: E402
 from escrag.seeds import derive_seed  # noqa: E402
 from escrag.servers import ServerProcess  # noqa: E402
@@ -55,7 +55,7 @@ def servers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    return HFEngine(tiny_model, seed=0)
+    return HFEngine(tiny_model, RolloutConfig(), seed=0)
 
 
 def _cfg(*extra):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from escrag.config import load_config, run_paths, to_dict
+from escrag.config import RolloutConfig, load_config, run_paths, to_dict
 from escrag.records import Sample, ScoredGroup
 from rollout.engine import SamplingParams
 
@@ -117,7 +117,7 @@ def test_pushed_weights_equal_the_learners(tiny_model):
     from trainer.learner import Learner
 
     cfg = load_config("configs/paper-tiny.yaml", ["grpo.lr=1e-3"])
-    learner, engine = Learner(cfg), HFEngine(tiny_model, dtype="bfloat16", seed=0)
+    learner, engine = Learner(cfg), HFEngine(tiny_model, cfg.rollout, dtype="bfloat16", seed=0)
     learner.step(_groups(engine))
     engine.load_weights(learner.export_weights(), learner.version)
     assert all(p.dtype == torch.bfloat16 for p in engine.model.parameters())
@@ -139,7 +139,7 @@ def _train(cfg, steps: int, groups) -> dict:
 def test_bfloat16_preset_trains_like_float32_at_lr_1e6(tiny_model):
     from rollout.hf_engine import HFEngine
 
-    groups = _groups(HFEngine(tiny_model, seed=0))
+    groups = _groups(HFEngine(tiny_model, RolloutConfig(), seed=0))
     steps = 10
     bf16 = _train(load_config("configs/paper-tiny.yaml"), steps, groups)
     fp32 = _train(load_config("configs/paper-tiny.yaml", ["policy.dtype=float32"]), steps, groups)

@@ -56,7 +56,7 @@ def servers(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(tiny_model):
     torch.manual_seed(0)
-    return HFEngine(tiny_model, seed=0)
+    return HFEngine(tiny_model, _cfg().rollout, seed=0)
 
 
 def _cfg(*extra):

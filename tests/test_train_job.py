@@ -7,6 +7,10 @@ reward server process (``vowels`` rule) and the session Ray head:
   checkpoint's step, and every step's data position equals that of an uninterrupted run, with an
   epoch boundary crossed after the resume; the metrics log holds each step exactly once, and every
   sampled output equals the uninterrupted run's (seeds are derived per step and state);
+- resume with ``grpo.max_staleness: 1``: killed the same way while the next step's rollouts were in
+  flight, the job resumes at the checkpoint's step and data position, draws that in-flight batch
+  again with the checkpoint's weights (its groups are not behind the learner) and trains every later
+  step on groups exactly one version behind, each step once, nothing dropped;
 - services: a reward server the job started (with ``ESCRAG_API_KEY`` set, so the workers must send it)
   and a retriever the job started are each killed with SIGKILL mid-run; the job restarts them, finishes
   every step with every group once, and its metrics count the restart; a reward server the job was
@@ -114,6 +118,36 @@ def test_kill_and_resume_continue_exactly(ray_session, serve, tmp_path):
     assert resumed_samples == straight_samples  # the resumed run drew exactly what the uninterrupted one did
 
 
+def test_kill_and_resume_with_max_staleness_1(ray_session, serve, tmp_path):
+    reward_url = serve(["reward", "--rule", "vowels"])
+    out, steps, log = tmp_path / "run", 6, tmp_path / "job.log"
+    cmd = _job(out, reward_url, steps) + ["-o", f"ray.address={ray_session.address}", "-o", "grpo.max_staleness=1"]
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_checkpoint(proc, out / "checkpoints" / "latest", log, min_step=2)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed_at = int((out / "checkpoints" / "latest").read_text().strip().split("-")[1])
+    assert killed_at < steps, "the job finished before it could be killed"
+    resumed = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"resumed from step {killed_at}" in resumed.stdout
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    fresh = StateSampler(5, 2, seed=0)
+    for r in rows:
+        fresh.next_batch()
+        assert (r["epoch"], r["data_index"]) == (fresh.epoch, fresh.index), r["step"]
+    lags = [r["staleness_max"] for r in rows]
+    assert lags == [0 if s in (1, killed_at + 1) else 1 for s in range(1, steps + 1)], (killed_at, lags)
+    assert all(r["stale_groups"] == 0 for r in rows)
+    samples = _rows(out / "samples.jsonl")
+    assert [r["step"] for r in samples] == [s for s in range(1, steps + 1) for _ in range(2)]
+    assert [r["version"] for r in samples if r["step"] == killed_at + 1] == [rows[killed_at - 1]["version"]] * 2
+
+
 def _started_pid(log: Path, name: str, timeout: float = 300) -> int:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -192,3 +226,10 @@ def test_job_stops_cleanly_when_a_given_service_stays_down(ray_session, tmp_path
     done = len(read_metrics(out / "metrics.jsonl"))
     state = json.loads((out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip() / "state.json").read_text())
     assert state["step"] == done >= 2
+
+
+def test_running_mean_of_the_reward_curve_is_trailing():
+    from trainer.metrics import running_mean
+
+    assert running_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert running_mean([2.0, 4.0], 8) == [2.0, 3.0]

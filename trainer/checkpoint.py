@@ -7,8 +7,10 @@ weights version), ``state.json`` (completed steps, sampler position) and ``rng.p
 and torch RNG states of the driver). It is written to a temp folder and renamed into place, then the
 ``latest`` file is replaced atomically, so a kill at any moment leaves the previous checkpoint usable.
 
-Not restored: the rollout workers' sampling generators (they live in other processes); a resumed run
-continues at exactly the same step and data position, but its samples are fresh draws.
+A resumed run continues at exactly the same step and data position. Group seeds are derived from
+(run seed, step, state), so at ``grpo.max_staleness`` 0 it draws exactly the samples of an
+uninterrupted run; at k > 0 the rollout batches that were in flight are not saved and are drawn again
+with the checkpoint's weights (``ray_jobs/train_grpo.py``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,12 @@ Departures from the paper, each selectable:
    ``"seq_mean"`` averages per sequence, then over sequences (eq. 11's 1/N Σ_j). ``denom`` lets a
    caller that splits one batch into micro-batches pass the whole batch's token (or sequence) count,
    so the micro-batch losses sum exactly to the whole-batch loss.
+4. Off-policy groups (streaming learner, ``grpo.max_staleness`` > 0). Given ``behaviour_logp``, the
+   decoupled objective of AReaL (Fu et al. 2025): the ratio is π_θ / π_prox with π_prox the
+   learner's recomputed log-probs (``old_logp``), and each token's clipped surrogate is weighted by
+   w = π_prox / π_behaviour (no gradient), so the clip bounds the step from π_prox while w corrects
+   for the policy that actually sampled. We truncate w at ``weight_cap`` (TIS-style, min(w, C)); AReaL
+   instead drops the tokens above its cap. With π_prox == π_behaviour it is the plain loss.
 """
 
 from __future__ import annotations
@@ -60,15 +66,26 @@ def _ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, ratio_level: str) -> Te
     raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
 
 
+def behaviour_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, ratio_level: str = "token",
+                     cap: float | None = None) -> tuple[Tensor, Tensor]:
+    """Decoupled-objective weight π_prox / π_behaviour (point 4), [B, T] -> (raw, truncated at ``cap``),
+    both without gradient; at sequence level every token carries its sequence's weight."""
+    raw = _ratio(old_logp.detach(), behaviour_logp.detach(), mask, ratio_level)
+    return raw, (raw if cap is None else raw.clamp(max=cap))
+
+
 def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
                 clip_eps: float = 0.2, kl_coef: float = 0.05, ratio_level: str = "token",
-                loss_agg: str = "token_mean", denom: float | None = None) -> tuple[Tensor, dict]:
+                loss_agg: str = "token_mean", denom: float | None = None,
+                behaviour_logp: Tensor | None = None, weight_cap: float | None = None) -> tuple[Tensor, dict]:
     """Clipped GRPO loss (eq. 11, negated for minimisation) plus ``kl_coef`` x k3 KL.
 
     logp, old_logp, ref_logp, mask: [B, T] (log-probs of the sampled tokens under the current,
-    behaviour and reference policies; mask 1 on trained tokens). advantages: [B].
-    ``ref_logp`` may be None when ``kl_coef`` is 0. Returns (scalar loss, metrics of detached
-    scalars: pg_loss, kl, clip_frac, ratio_mean, tokens).
+    old (π_old of eq. 10) and reference policies; mask 1 on trained tokens). advantages: [B].
+    ``ref_logp`` may be None when ``kl_coef`` is 0. ``behaviour_logp`` [B, T] turns on the decoupled
+    objective (point 4; ``old_logp`` is then π_prox) with its weight truncated at ``weight_cap``.
+    Returns (scalar loss, metrics of detached scalars: pg_loss, kl, clip_frac, ratio_mean, tokens,
+    and with ``behaviour_logp`` iw_mean and iw_max of the untruncated weight and iw_truncated_frac).
     """
     mask = mask.to(logp.dtype)
     ratio = _ratio(logp, old_logp, mask, ratio_level)
@@ -76,6 +93,9 @@ def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advanta
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
     pg = -torch.minimum(unclipped, clipped)  # [B, T]
+    if behaviour_logp is not None:
+        raw_w, w = behaviour_weight(old_logp, behaviour_logp, mask, ratio_level, weight_cap)
+        pg = w * pg
     pg_loss = _aggregate(pg, mask, loss_agg, denom)
     if kl_coef > 0.0 and ref_logp is not None:
         kl = k3_kl(logp, ref_logp)
@@ -93,4 +113,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advanta
             "ratio_mean": (ratio.detach() * mask).sum() / n,
             "tokens": mask.sum(),
         }
+        if behaviour_logp is not None:
+            metrics["iw_mean"] = (raw_w * mask).sum() / n
+            metrics["iw_max"] = torch.where(mask > 0, raw_w, torch.zeros_like(raw_w)).max()
+            metrics["iw_truncated_frac"] = ((raw_w > w).to(mask.dtype) * mask).sum() / n
     return loss, metrics

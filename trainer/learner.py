@@ -13,7 +13,9 @@ whose ``loss_mask`` is 1 (masks are set by the rollout) and exports weights for 
 - Log-probs are log-softmax(logits / T) with T the sampling temperature (``escrag.sampling``), the
   quantity the engines record. π_old of eq. 10 is the behaviour log-prob the rollout recorded, or,
   with ``grpo.recompute_old_logprobs`` (default: on for the vLLM engine, whose bfloat16 kernels and
-  truncated log-probs differ from ours), the learner's own log-probs before its first pass.
+  truncated log-probs differ from ours, and for a transformers engine running in another precision
+  than the learner, e.g. ``rollout.dtype: auto`` = bfloat16 on this CPU against a float32
+  ``policy.dtype``), the learner's own log-probs before its first pass.
   ``logp_diff`` is the mean absolute gap between the two, a check that rollout and learner agree.
 - Groups whose rewards are all equal have zero advantage; they are skipped (their KL term too) and
   counted as ``zero_adv_groups``. A batch with nothing left makes no optimizer step.
@@ -23,6 +25,15 @@ whose ``loss_mask`` is 1 (masks are set by the rollout) and exports weights for 
   (HF names of the base model), else every parameter, cast once to ``policy.dtype``; the version
   number increases by one per optimizer step and goes with the weights to the rollout workers, which
   refuse stale versions.
+
+The job runs it as a Ray actor (``LearnerActor``, ``start_learner``) with its own resources
+(``grpo.learner_cpus``, ``grpo.learner_gpus``; ``place`` shares a cluster's GPUs between it and the
+rollout engines). ``LearnerActor.train`` enforces the staleness bound of the streaming job: a group
+more than ``grpo.max_staleness`` versions behind the learner is dropped, counted (``stale_groups``)
+and never trained; the new weights go back through the object store, once per version. For stale
+groups π_old is the behaviour log-prob recorded with the group, or, when it is recomputed, π_prox of
+the decoupled objective (``trainer.grpo`` point 4, ``grpo.decoupled_loss``), whose weight's mean and
+max are ``iw_mean`` / ``iw_max``. The KL term is not reweighted.
 """
 
 from __future__ import annotations
@@ -33,16 +44,34 @@ import time
 import torch
 
 from escrag.config import Config
-from escrag.models import torch_dtype
+from escrag.models import engine_dtype, torch_dtype
 from escrag.records import ScoredGroup, TokenSequence
 from trainer.grpo import group_advantages, policy_loss
 from trainer.policy import build_policy, compute, is_lora, lora_merged_weights, save_merged, tail_logprobs
 
 
 def recompute_old(cfg: Config) -> bool:
-    """Whether the learner recomputes π_old (``grpo.recompute_old_logprobs``; None: for vLLM only)."""
+    """Whether the learner recomputes π_old (``grpo.recompute_old_logprobs``; None = auto: for vLLM,
+    and for a transformers engine whose weights dtype, ``rollout.dtype`` resolved on this machine,
+    differs from the learner's compute dtype ``policy.dtype``)."""
     flag = cfg.grpo.recompute_old_logprobs
-    return cfg.rollout.engine == "vllm" if flag is None else flag
+    if flag is not None:
+        return flag
+    if cfg.rollout.engine == "vllm":
+        return True
+    return engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) != cfg.policy.dtype
+
+
+def decoupled(cfg: Config) -> bool:
+    """Whether the decoupled objective weights the loss (``grpo.decoupled_loss``; None: when π_old is
+    recomputed and rollouts may be stale, ``grpo.max_staleness`` > 0). It needs recomputed π_old."""
+    flag = cfg.grpo.decoupled_loss
+    on = recompute_old(cfg) and cfg.grpo.max_staleness > 0 if flag is None else flag
+    if on and not recompute_old(cfg):
+        from escrag.config import ConfigError
+
+        raise ConfigError("grpo.decoupled_loss: needs grpo.recompute_old_logprobs (π_prox is the recomputed π_old)")
+    return on
 
 
 class Learner:
@@ -57,7 +86,7 @@ class Learner:
             self.ref = copy.deepcopy(self.model).to(torch_dtype(cfg.policy.dtype)).requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=g.lr, weight_decay=0.0)
-        self.temperature, self.recompute = cfg.rollout.temperature, recompute_old(cfg)
+        self.temperature, self.recompute, self.decoupled = cfg.rollout.temperature, recompute_old(cfg), decoupled(cfg)
 
     # ------------------------------------------------------------------ log-probs
 
@@ -123,6 +152,7 @@ class Learner:
         ref = self.sequence_logprobs(seqs, keep, reference=True) if self.cfg.grpo.kl_coef > 0 else None
         adv = torch.tensor([a for _, a in batch], device=mask.device)
         return {"keep": keep, "mask": mask, "old": old, "ref": ref, "adv": adv,
+                "behaviour": behaviour if self.decoupled else None,
                 "gap": ((old - behaviour).abs() * mask).sum().item() if self.recompute else None}
 
     def _pass(self, micro, prepared, denom: float, first: bool) -> dict:
@@ -133,11 +163,14 @@ class Learner:
         for batch, mb in zip(micro, prepared):
             logp = self.sequence_logprobs([s for s, _ in batch], mb["keep"])
             loss, m = policy_loss(logp, mb["old"], mb["ref"], mb["adv"], mb["mask"], g.clip_eps, g.kl_coef,
-                                  g.ratio_level, g.loss_agg, denom)
+                                  g.ratio_level, g.loss_agg, denom, mb["behaviour"], g.behaviour_weight_cap)
             loss.backward()
             n = m["tokens"].item()
-            for key in ("kl", "clip_frac", "ratio_mean"):
-                sums[key] = sums.get(key, 0.0) + m[key].item() * n
+            for key in ("kl", "clip_frac", "ratio_mean", "iw_mean", "iw_truncated_frac"):
+                if key in m:
+                    sums[key] = sums.get(key, 0.0) + m[key].item() * n
+            if "iw_max" in m:
+                sums["iw_max"] = max(sums.get("iw_max", 0.0), m["iw_max"].item())
             sums["loss"] = sums.get("loss", 0.0) + loss.item()
             sums["tokens"] = sums.get("tokens", 0.0) + n
             if first:
@@ -165,6 +198,9 @@ class Learner:
         first, last = passes[0], passes[-1]
         n = max(first["tokens"], 1.0)
         metrics.update({k: first[k] / n for k in ("kl", "clip_frac", "ratio_mean", "logp_diff")})
+        if self.decoupled:  # the weight π_prox / π_behaviour of the first pass (π_prox is fixed)
+            metrics.update(iw_mean=first["iw_mean"] / n, iw_max=first["iw_max"],
+                           iw_truncated_frac=first["iw_truncated_frac"] / n)
         metrics.update(clip_frac=last["clip_frac"] / n, loss=first["loss"], grad_norm=first["grad_norm"],
                        trained_tokens=int(first["tokens"]), optimizer_steps=len(passes),
                        update_s=time.perf_counter() - t0)
@@ -221,3 +257,109 @@ def reward_metrics(groups: list[ScoredGroup]) -> dict:
         out.update(risk_high_frac=sum(g.stats["risk_high"] for g in checked) / n,
                    risk_elevated_frac=sum(g.stats["risk_elevated"] for g in checked) / n)
     return out
+
+
+# ---------------------------------------------------------------------- the learner as a Ray actor
+
+
+def split_stale(groups: list[ScoredGroup], version: int, max_staleness: int) -> tuple[list, list]:
+    """(groups at most ``max_staleness`` weights versions behind ``version``, the older ones)."""
+    fresh = [g for g in groups if version - g.policy_version <= max_staleness]
+    return fresh, [g for g in groups if version - g.policy_version > max_staleness]
+
+
+class LearnerActor(Learner):
+    """The ``Learner`` in its own Ray process (``start_learner``): the job's one entry per step is
+    ``train``, which enforces the staleness bound and hands back the new weights through the object
+    store; everything else (``state_dict``, ``save_policy``, ...) is the ``Learner``'s."""
+
+    def __init__(self, cfg: Config):
+        from escrag.models import actor_env
+
+        actor_env()
+        if cfg.grpo.learner_torch_threads:
+            torch.set_num_threads(cfg.grpo.learner_torch_threads)
+        super().__init__(cfg)
+
+    def train(self, *chunks: list[ScoredGroup]) -> tuple[dict, int, object]:
+        """One update on the groups of a step (``chunks``: the workers' lists, in order; Ray resolves
+        them from the object store here). Groups more than ``grpo.max_staleness`` versions behind
+        this learner are dropped, never trained, and counted. Returns (metrics, version, ObjectRef of
+        the exported weights, or None when no optimizer step was made)."""
+        import ray
+
+        groups = [g for chunk in chunks for g in chunk]
+        fresh, stale = split_stale(groups, self.version, self.cfg.grpo.max_staleness)
+        lags = [self.version - g.policy_version for g in fresh]
+        m = self.step(fresh)
+        m.update(groups=len(groups), stale_groups=len(stale), staleness_max=max(lags, default=0),
+                 staleness_mean=sum(lags) / max(len(lags), 1))
+        return m, self.version, (ray.put(self.export_weights()) if m["optimizer_steps"] else None)
+
+    def publish(self):
+        """The current weights in the object store (a resumed run pushes them to fresh workers)."""
+        import ray
+
+        return ray.put(self.export_weights())
+
+    def describe(self) -> dict:
+        """Where the actor runs: version, device, torch threads and the Ray resources it holds."""
+        import os
+
+        import ray
+
+        return {"version": self.version, "device": str(next(self.model.parameters()).device), "pid": os.getpid(),
+                "threads": torch.get_num_threads(), "resources": ray.get_runtime_context().get_assigned_resources()}
+
+
+def learner_options(cfg: Config) -> dict:
+    """Ray options of the learner actor (``grpo.learner_cpus``, ``grpo.learner_gpus``; run ``place``
+    first to resolve an automatic GPU share). Never restarted: a dead learner stops the job."""
+    decoupled(cfg)  # a bad combination is named here, in the driver, not in the actor
+    return {"num_cpus": cfg.grpo.learner_cpus, "num_gpus": cfg.grpo.learner_gpus or 0.0, "max_restarts": 0}
+
+
+def start_learner(cfg: Config):
+    """A ``LearnerActor`` with ``learner_options(cfg)``; returns its handle."""
+    import ray
+
+    return ray.remote(LearnerActor).options(**learner_options(cfg)).remote(cfg)
+
+
+def place(cfg: Config, gpus: float) -> Config:
+    """The config with the automatic GPU shares and devices made concrete for a Ray cluster with
+    ``gpus`` GPUs, so that the learner and the rollout engines never share one unaccounted.
+
+    Who wants a GPU: the learner unless ``policy.device`` is cpu; each rollout worker when its engine
+    is vLLM or ``rollout.device`` is not cpu. Explicit ``grpo.learner_gpus`` / ``rollout.worker_gpus``
+    are kept; the automatic ones share what they leave: a whole GPU each when there are enough, else
+    equal fractions that pack onto the GPUs (1 GPU, learner + 1 worker: 0.5 each); when explicit
+    shares take every GPU, the automatic ones get none. No GPU: CPU for all (vLLM keeps asking for
+    one, as before). Mixing explicit and automatic shares on several GPUs may not pack: set both. ``auto`` devices then follow the shares: Ray 2.60 leaves
+    every GPU visible to an actor that asked for none, so an actor with no share is told cpu."""
+    import dataclasses
+    import math
+
+    g, ro = cfg.grpo, cfg.rollout
+    learner_auto = g.learner_gpus is None and cfg.policy.device != "cpu" and gpus > 0
+    workers_auto = ro.worker_gpus is None and (ro.engine == "vllm" or (ro.device != "cpu" and gpus > 0))
+    takers = int(learner_auto) + ro.num_workers * int(workers_auto)
+    fixed = (g.learner_gpus or 0.0) + ro.num_workers * (ro.worker_gpus or 0.0)
+    if takers == 0:
+        share = 0.0
+    elif gpus == 0:
+        share = 1.0  # only vLLM workers get here: they ask for a GPU and wait for one, as before
+    elif fixed == 0:
+        share = 1.0 if takers <= gpus else 1.0 / math.ceil(takers / gpus)
+    else:  # what the explicit shares leave (nothing left: the automatic ones run on the CPU)
+        share = min(1.0, math.floor(100 * max(gpus - fixed, 0.0) / takers) / 100)
+    learner_gpus = g.learner_gpus if g.learner_gpus is not None else (share if learner_auto else 0.0)
+    worker_gpus = ro.worker_gpus if ro.worker_gpus is not None else (share if workers_auto else 0.0)
+
+    def device(current: str, share: float) -> str:
+        return ("cuda" if share > 0 else "cpu") if current == "auto" else current
+
+    return dataclasses.replace(
+        cfg, grpo=dataclasses.replace(g, learner_gpus=learner_gpus),
+        policy=dataclasses.replace(cfg.policy, device=device(cfg.policy.device, learner_gpus)),
+        rollout=dataclasses.replace(ro, worker_gpus=worker_gpus, device=device(ro.device, worker_gpus)))

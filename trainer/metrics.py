@@ -55,8 +55,20 @@ def read_metrics(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+RUNNING_WINDOW = 8  # steps in the plotted running mean: each step sees only a few states, so it is noisy
+
+
+def running_mean(values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last ``window`` values (fewer at the start)."""
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - window + 1):i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
 def plot_curves(rows: list[dict], out: str | Path) -> Path:
-    """Reward mean (± std) and KL per step, written atomically as a PNG."""
+    """Reward mean (± std) per step with its running mean, and KL per step, written atomically as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,8 +79,10 @@ def plot_curves(rows: list[dict], out: str | Path) -> Path:
     mean = [r.get("reward_mean", float("nan")) for r in rows]
     std = [r.get("reward_std", 0.0) for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(steps, mean, marker="o", label="reward mean")
-    ax1.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    ax1.plot(steps, mean, marker=".", lw=0.8, alpha=0.5, label="reward mean (step)")
+    ax1.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.15)
+    window = max(1, min(RUNNING_WINDOW, len(mean)))
+    ax1.plot(steps, running_mean(mean, window), lw=2.2, color="tab:blue", label=f"running mean ({window} steps)")
     ax1.plot(steps, [r.get("format_mean", float("nan")) for r in rows], ls="--", label="format part")
     ax1.set_xlabel("step")
     ax1.set_title("reward")

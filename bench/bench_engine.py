@@ -1,0 +1,219 @@
+"""Engine throughput: our transformers engine vs plain float32 ``model.generate``, one run, interleaved.
+
+Same prompts for every variant (the stage-1 chat prompts of the first ESConv valid states, as the
+rollout renders them), sampling at T 0.9, top-p 0.95, 64 new tokens per row (EOS disabled in every
+variant so each row makes exactly 64 tokens), SmolLM2-135M-Instruct, batch 8 and 32:
+
+- ``hf generate fp32``: float32 weights, ``model.generate(do_sample=True, top_k=0)`` (full-vocabulary
+  top-p, HF's sampler), left-padded batch, DynamicCache;
+- ``ours eager``: ``HFEngine`` with ``rollout.dtype`` auto (bfloat16 on a CPU with AMX/AVX512-BF16)
+  and compile off;
+- ``ours compiled``: the same with ``rollout.compile: true``.
+Ours samples with the config's ``top_k`` (64) then top-p inside it (escrag.sampling).
+
+Runs interleave (batch x variant, ``--repeats`` rounds) and the tables show medians of tokens per
+wall second (the target) and per CPU second of the process (steadier on a shared machine); the prefix
+cache is cleared before each run (rows of one batch may still share the system prompt's K/V).
+Compile time is reported apart: the warm-up call of the compiled engine per batch size (all length
+buckets of the run) minus its median run. ``--cold-compile`` (default on) points inductor's cache at
+a fresh folder so that the number is a first compile; ``--no-cold-compile`` reuses the machine's cache.
+Also reported: |Δ log-prob| between our bfloat16 engine and the float32 model teacher-forced on the
+same tokens (what ``logp_diff`` shows when the learner recomputes π_old).
+
+Target (issue 12): ours compiled >= 3.5x hf generate fp32 at both batch sizes.
+Prints a table and writes ``bench/results/bench_engine.json``.
+
+    .venv/bin/python bench/bench_engine.py                      # full (the lead's run, machine alone)
+    .venv/bin/python bench/bench_engine.py --batches 2 --new-tokens 8 --repeats 1 --variants hf,eager  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+VARIANTS = {"hf": "hf generate fp32", "eager": "ours eager", "compiled": "ours compiled"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="packaged:smollm2-135m-instruct")
+    p.add_argument("--batches", default="8,32")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--variants", default="hf,eager,compiled")
+    p.add_argument("--cold-compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "bench_engine.json"))
+    return p.parse_args(argv)
+
+
+def prompts(tokenizer, n: int) -> list[list[int]]:
+    """Stage-1 prompt ids of the first ``n`` ESConv valid states (the demo's history cut)."""
+    from escrag.config import load_config
+    from escrag.data import load_states
+    from rollout.episode import prompt_ids, stage1_messages
+
+    cfg = load_config(ROOT / "configs" / "cpu-demo.yaml")
+    return [prompt_ids(tokenizer, stage1_messages(s.history, cfg)) for s in load_states("valid")[:n]]
+
+
+class HFGenerate:
+    """Plain float32 ``model.generate`` with HF's sampler (the baseline of issue 12)."""
+
+    def __init__(self, spec: str, args):
+        from escrag.models import load_causal_lm, load_tokenizer
+
+        self.tokenizer = load_tokenizer(spec)
+        self.model = load_causal_lm(spec, "float32").eval()
+        self.args = args
+
+    def run(self, batch: list[list[int]]) -> int:
+        import torch
+
+        enc = self.tokenizer.pad({"input_ids": batch}, return_tensors="pt")  # left padding
+        with torch.inference_mode():
+            out = self.model.generate(**enc, do_sample=True, temperature=0.9, top_p=0.95, top_k=0,
+                                      max_new_tokens=self.args.new_tokens,
+                                      min_new_tokens=self.args.new_tokens,
+                                      pad_token_id=self.tokenizer.pad_token_id)
+        return (out.shape[1] - enc["input_ids"].shape[1]) * len(batch)
+
+
+class Ours:
+    """``HFEngine`` built by ``make_engine`` from the default config (+ compile on/off)."""
+
+    def __init__(self, spec: str, args, compile_: bool, max_batch: int, max_seq_len: int):
+        from escrag.config import load_config
+        from rollout.engine import SamplingParams, make_engine
+
+        cfg = load_config(None, [f"policy.model={spec}", f"rollout.compile={str(compile_).lower()}",
+                                 f"rollout.max_batch={max_batch}", f"rollout.max_seq_len={max_seq_len}"])
+        self.engine = make_engine(cfg)
+        self.engine.eos_ids = set()  # every row makes exactly --new-tokens tokens, as in the baseline
+        self.params = SamplingParams.from_config(cfg.rollout, 2, max_new_tokens=args.new_tokens, stop_strings=())
+        self.seed = 0
+
+    def run(self, batch: list[list[int]]) -> int:
+        self.engine.prefix_cache.clear()
+        self.seed += len(batch)
+        gens = self.engine.generate(batch, self.params, list(range(self.seed, self.seed + len(batch))))
+        self.last = gens
+        return sum(len(g.token_ids) for g in gens)
+
+
+def timed(fn, batch) -> dict:
+    """Wall time, and this process's CPU time (all its threads): on a shared machine tokens per CPU
+    second compare variants more stably than tokens per wall second."""
+    load = os.getloadavg()[0]
+    t, c = time.perf_counter(), time.process_time()
+    tokens = fn(batch)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "cpu_s": cpu, "tok_cpu_s": tokens / cpu,
+            "load1": load}
+
+
+def logprob_gap(ours: Ours, hf: HFGenerate, batch: list[list[int]]) -> dict:
+    """|Δ log-prob| of ours (its dtype) vs the float32 model teacher-forced on the same tokens."""
+    import torch
+
+    from escrag.sampling import token_logprobs
+
+    gaps = []
+    for prompt, gen in zip(batch, ours.last):
+        ids = torch.tensor([prompt + gen.token_ids])
+        with torch.inference_mode():
+            logits = hf.model(ids).logits[0, len(prompt) - 1:-1]
+        ref = token_logprobs(logits, torch.tensor(gen.token_ids), 0.9)
+        gaps.append((torch.tensor(gen.logprobs) - ref).abs())
+    g = torch.cat(gaps)
+    return {"dtype": ours.engine.dtype, "mean": g.mean().item(), "max": g.max().item(), "tokens": len(g)}
+
+
+def measure(args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
+    names = [v for v in args.variants.split(",") if v]
+    hf = HFGenerate(args.model, args)
+    ids = prompts(hf.tokenizer, max(batches))
+    max_seq = max(len(p) for p in ids) + args.new_tokens + 1
+    runners = {"hf": hf}
+    for name in names:
+        if name != "hf":
+            runners[name] = Ours(args.model, args, name == "compiled", max(batches), max_seq)
+    warm = {}
+    for name in names:  # warm-up: first calls (and compiles) are not in the table
+        for b in batches:
+            warm[f"{name}/b{b}"] = timed(runners[name].run, ids[:b])["seconds"]
+            print(f"warm-up {VARIANTS[name]} b{b}: {warm[f'{name}/b{b}']:.1f} s", flush=True)
+    runs = {f"{n}/b{b}": [] for n in names for b in batches}
+    for r in range(args.repeats):
+        for b in batches:
+            for name in names:
+                runs[f"{name}/b{b}"].append(timed(runners[name].run, ids[:b]))
+                x = runs[f"{name}/b{b}"][-1]
+                print(f"round {r} {VARIANTS[name]:<18} b{b:<3} {x['tok_s']:7.1f} tok/s, {x['tok_cpu_s']:7.1f} "
+                      f"tok/cpu-s (load {x['load1']:.1f})", flush=True)
+    res = {"config": vars(args), "prompt_tokens": [len(p) for p in ids], "warmup_s": warm, "runs": runs,
+           "median_tok_s": {k: statistics.median(x["tok_s"] for x in v) for k, v in runs.items()},
+           "median_tok_cpu_s": {k: statistics.median(x["tok_cpu_s"] for x in v) for k, v in runs.items()}}
+    if "compiled" in names:
+        res["compile_s"] = {f"b{b}": warm[f"compiled/b{b}"] - statistics.median(
+            x["seconds"] for x in runs[f"compiled/b{b}"]) for b in batches}
+    if len(names) > 1 and names[-1] != "hf":
+        res["logprob_gap"] = logprob_gap(runners[names[-1]], hf, ids[:batches[-1]])
+    res["load1"] = [x["load1"] for v in runs.values() for x in v]
+    return res
+
+
+def print_table(res: dict) -> None:
+    batches = res["config"]["batches"].split(",")
+    names = [n for n in res["config"]["variants"].split(",") if n]
+    for key, unit in (("median_tok_s", "tok/s"), ("median_tok_cpu_s", "tok/cpu-s")):
+        med = res[key]
+        print(f"\n{'variant':<20}" + "".join(f"{'b' + b + ' ' + unit:>16}{'x hf':>7}" for b in batches))
+        for n in names:
+            row = f"{VARIANTS[n]:<20}"
+            for b in batches:
+                v, base = med[f"{n}/b{b}"], med.get(f"hf/b{b}")
+                row += f"{v:>16.1f}" + (f"{v / base:>7.2f}" if base else f"{'':>7}")
+            print(row)
+    if "compile_s" in res:
+        print("compile time (warm-up minus median run): " +
+              ", ".join(f"{k} {v:.0f} s" for k, v in res["compile_s"].items()) +
+              (" (cold inductor cache)" if res["config"]["cold_compile"] else " (warm inductor cache)"))
+    if "logprob_gap" in res:
+        g = res["logprob_gap"]
+        print(f"|Δ log-prob| {g['dtype']} engine vs float32 teacher: mean {g['mean']:.4f}, max {g['max']:.4f} "
+              f"over {g['tokens']} tokens")
+    loads = res["load1"]
+    print(f"1-min load average during the runs: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
+
+
+def main(argv=None) -> int:
+    from escrag.atomic import write_json
+
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-engine-inductor-") as tmp:
+        if args.cold_compile:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp  # read when inductor first compiles
+        res = measure(args)
+    print_table(res)
+    print(f"wrote {write_json(args.out, res)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
