@@ -139,6 +139,15 @@ def _train(sub) -> None:
     p.set_defaults(func=_lazy("ray_jobs.train_grpo:run_cli"))
 
 
+def _safety(sub) -> None:
+    safety = sub.add_parser("safety", help="the crisis check").add_subparsers(dest="safety_cmd", required=True)
+    p = safety.add_parser("eval", help="confusion table per category on a labelled set (docs/safety.md)")
+    p.add_argument("--data", default="eval", help="cases JSONL, or 'eval' / 'tuning' (data/safety/); default eval")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON")
+    _config_args(p)
+    p.set_defaults(func=_lazy("escrag.safety_eval:main"))
+
+
 def _eval(sub) -> None:
     p = sub.add_parser("eval", help="judge tables, offline proxy and human study (docs/evaluation.md)")
     _config_args(p)
@@ -161,7 +170,7 @@ def _eval(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="escrag", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for add in (_data, _index, _prefs, _rm, _serve, _train, _eval):
+    for add in (_data, _index, _prefs, _rm, _serve, _train, _eval, _safety):
         add(sub)
     return parser
 

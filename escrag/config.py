@@ -177,12 +177,25 @@ class RolloutConfig:
     compile: bool = True
     max_seq_len: int = _f(2048, ge=16)  # prompt + completion tokens of one row (its KV-cache slot)
     prefix_cache_tokens: int = _f(16384, ge=0)  # K/V of finished rows kept for prompts extending them
-    # Counselor safety check (rollout/safety.py): lexicon + similarity to seed phrases.
-    risk_embedder: str = "packaged:minilm"  # thresholds below are calibrated for all-MiniLM-L6-v2
-    risk_turns: int = _f(2, ge=1)  # latest client turns that are checked
-    risk_high_similarity: float = _f(0.6, gt=0.0, le=1.0)  # cosine to a risk seed -> "high"
-    risk_elevated_similarity: float = _f(0.45, gt=0.0, le=1.0)  # cosine to a risk seed -> "elevated"
-    risk_benign_margin: float = _f(0.1, ge=0.0)  # risk seed must beat the best benign seed by this
+
+
+@dataclass
+class SafetyConfig:
+    """The crisis check (escrag/safety.py, docs/safety.md): rules + an embedding head."""
+    embedder: str = "packaged:minilm"  # the head's embedder; the numbers below are set for all-MiniLM-L6-v2
+    tuning: str = "tuning"  # cases the head is fitted on: "tuning" (data/safety/tuning.jsonl) or a path
+    head: bool = True  # False: rules only (no embedder is loaded)
+    head_high: float = _f(0.99, gt=0.0, le=1.0)  # head probability of high -> "high" on its own
+    head_cue: float = _f(0.8, gt=0.0, le=1.0)  # ... -> "high" next to a rule cue of the same category
+    head_elevated: float = _f(0.5, gt=0.0, le=1.0)  # head probability of high -> "elevated"
+    head_min_words: int = _f(3, ge=1)  # shorter sentences ("ok bye") go through the rules only
+    head_c: float = _f(4.0, gt=0.0)  # inverse L2 strength of the head's logistic regression
+    head_rounds: int = _f(2, ge=0)  # multiple-instance rounds (re-picking each high case's sentence)
+    max_client_turns: int | None = _f(None, ge=1)  # check the last N client turns; None: all of them
+    cache_size: int = _f(4096, ge=0)  # sentences whose head output is kept (a growing chat re-sends its turns)
+    locale: str = _f("international", choices=("international", "us", "uk", "ie", "ca", "au", "eu"))
+    help_text: str | None = None  # where to get help, in your own words; replaces the locale's lines
+    rollout_metric: bool = True  # GRPO steps report risk_high_frac / risk_elevated_frac over their rollouts
 
 
 @dataclass
@@ -385,6 +398,7 @@ class Config:
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
     counselor: CounselorConfig = field(default_factory=CounselorConfig)
     sft: SftConfig = field(default_factory=SftConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)

@@ -8,11 +8,13 @@ Owns: the order of the run and its folder (``run.output_dir``):
     cache/answers.jsonl    one line per answered (system, state): key -> answer
     cache/judgments.jsonl  one line per judged (history, response): key -> judge result
     calls.jsonl            every LLM and counselor call this run made (escrag.endpoints.CallLog)
-    per_state.jsonl        one line per (state, system): the answer and its seven scores
+    per_state.jsonl        one line per (state, system): the answer, its seven scores and
+                           ``answer_risk`` (the crisis check of the conversation + the answer)
     table1.md/.csv         Table 1 layout; table2.md/.csv when eval.table2 names rows;
     figure3.png            metrics against k when eval.k_sweep names systems
     proxy.md/.csv          the offline proxy report ("offline proxy, not the paper's judge")
-    summary.json           counts, calls, tokens, cost, template version, output files
+    summary.json           counts, calls, tokens, cost, template version, output files, and per
+                           system the count and fraction of high / elevated answers (``risk``)
     logs/                  the started servers' logs
 
 A rerun finds every answer and judgment in the cache and makes no call (keys: ``evaluation.systems
@@ -36,6 +38,7 @@ from escrag.config import Config, load_config, to_dict
 from escrag.endpoints import CallLog, ChatEndpoint, EndpointError
 from escrag.errors import UserError
 from escrag.judge import Judge
+from escrag.safety import RiskClassifier, level_counts, with_answer
 from escrag.seeds import derive_seed
 from evaluation import systems as sysmod
 from evaluation.states import sample_states, write_states
@@ -109,6 +112,15 @@ def collect(cfg: Config, systems: dict, states: list, cache: JsonlCache) -> list
                 out.append({"state_id": sid, "system": name, "label": system.label or name,
                             "answer_key": key, **cache.get(key)})
     return out
+
+
+def answer_risk(records: list[dict], histories: dict, systems, classifier: RiskClassifier) -> dict:
+    """Sets each record's ``answer_risk`` (the level of its conversation + its answer, docs/safety.md);
+    returns per system the count and fraction of high and elevated answers."""
+    found = classifier.assess_many([with_answer(histories[r["state_id"]], r["response"]) for r in records])
+    for r, a in zip(records, found):
+        r["answer_risk"] = a.level
+    return {name: level_counts([a for r, a in zip(records, found) if r["system"] == name]) for name in systems}
 
 
 # ----------------------------------------------------------------------------- judging
@@ -208,6 +220,7 @@ def run_eval(cfg: Config, log_fn=print) -> dict:
         records = collect(cfg, systems, states, answers)
         histories = {s.state_id: s.history for s in states}
         files, summary = [], {"states": len(states), "systems": list(systems), "run_dir": str(run_dir)}
+        summary["risk"] = answer_risk(records, histories, systems, RiskClassifier.from_config(cfg))
         if cfg.judge.endpoint:
             judgments = JsonlCache(run_dir / "cache" / "judgments.jsonl")
             template = judge_records(cfg, records, histories, judgments, log)
@@ -240,6 +253,8 @@ def _report(summary: dict) -> int:
     print(f"[eval] {summary['calls_made']} calls this run, ${summary['cost_this_run']:.4f}; "
           f"outputs in {run_dir}: {', '.join(summary['outputs'])}")
     failed = sum(a["failed"] for a in summary["answers"].values())
+    print("[eval] crisis check of conversation + answer: " + "; ".join(
+        f"{n} {r['high']}/{r['n']} high, {r['elevated']} elevated" for n, r in summary["risk"].items()))
     judge = summary.get("judge") or {}
     if judge:
         print(f"[eval] judge {judge['template']}: {judge['valid']} valid, {judge['malformed']} stayed "

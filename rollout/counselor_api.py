@@ -10,8 +10,9 @@ the project's retriever exactly as the trained policy does.
 The reply's ``choices[0].message.content`` is the final response text (``escrag.formats.reply_text``
 of the final output, or the stage-1 response when that is empty). A top-level ``escrag`` field carries
 ``think``, ``initial``, ``exemplars``, ``risk`` ("none" | "elevated" | "high"), ``reasons``,
-``categories``, the raw ``output`` and ``format_ok``. Every reply passes the safety check: at high risk
-the reply keeps its text and ends with where to get help now.
+``categories``, the raw ``output`` and ``format_ok``. Every reply passes ``escrag.safety`` over the
+whole conversation (docs/safety.md): at high risk it is a supportive reply that names where to get
+help now in ``safety.locale``.
 
 Streaming (``stream: true``) sends the final response text as SSE chunks once both stages are done:
 the final output starts with the think block and must pass the safety check, so nothing can be sent
@@ -32,10 +33,10 @@ from fastapi.responses import StreamingResponse
 from escrag.config import Config
 from escrag.endpoints import ChatEndpoint
 from escrag.errors import UserError
+from escrag.safety import RiskClassifier, safety_reply
 from rollout.counselor_protocol import ChatCompletionRequest
 from rollout.engine import SamplingParams
 from rollout.episode import answer, as_scheduler, engine_chat
-from rollout.safety import RiskClassifier, apply_safety
 
 ESCRAG_FIELDS = ("think", "initial", "exemplars", "risk", "reasons", "categories", "output", "format_ok")
 
@@ -70,7 +71,7 @@ class CounselorService:
         ans = await answer(history, self._chat(req, usage), self.retriever, self.cfg,
                            rag=self.retriever is not None, seed=req.seed)
         risk = self.classifier.assess(history)
-        ans.update(risk.to_dict(), response=apply_safety(ans["response"], risk),
+        ans.update(risk.to_dict(), response=safety_reply(ans["response"], risk, self.cfg.safety),
                    finish_reason=usage.pop("finish_reason", "stop"))
         ans["usage"] = {"prompt_tokens": usage.get("prompt_tokens", 0),
                         "completion_tokens": usage.get("completion_tokens", 0)}

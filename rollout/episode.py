@@ -33,6 +33,7 @@ from escrag.config import Config
 from escrag.data import DialogueState
 from escrag.formats import parse_output, reply_text, response_text
 from escrag.records import Sample, ScoredGroup, TokenSequence
+from escrag.safety import level_counts, with_answer
 from escrag.seeds import derive_seed
 from rollout.engine import EngineScheduler, Generation, GenerationEngine, SamplingParams
 
@@ -164,9 +165,11 @@ def as_scheduler(engine: GenerationEngine | EngineScheduler, max_batch: int = 64
 
 
 async def run_group(state: DialogueState, engine, retriever, reward, cfg: Config, version: int,
-                    seed: int = 0) -> ScoredGroup:
+                    seed: int = 0, risk=None) -> ScoredGroup:
     """One scored group of ``rollout.group_size`` samples for ``state`` (Algorithm 1, lines 6-11);
-    ``version`` is the policy version recorded (the caller keeps weights fixed while it runs)."""
+    ``version`` is the policy version recorded (the caller keeps weights fixed while it runs). With a
+    ``risk`` classifier (``escrag.safety``) the stats count the rollouts whose conversation + final
+    answer is high / elevated (``risk_high``, ``risk_elevated``): a reported metric, not a reward."""
     sched = as_scheduler(engine, cfg.rollout.max_batch)
     ro, n, stats, t0 = cfg.rollout, cfg.rollout.group_size, {}, time.perf_counter()
     msgs1 = stage1_messages(state.history, cfg)
@@ -187,7 +190,15 @@ async def run_group(state: DialogueState, engine, retriever, reward, cfg: Config
     stats.update(total_s=time.perf_counter() - t0, prompt1_tokens=len(p1),
                  stage1_tokens=sum(len(g.token_ids) for g in gens1),
                  stage2_tokens=sum(len(g.token_ids) for g in finals) if ro.rag else 0)
+    if risk is not None:
+        stats.update(_risk_stats(risk, state.history, [s.output for s in samples]))
     return ScoredGroup(state.state_id, samples, version, stats)
+
+
+def _risk_stats(risk, history: list[dict], outputs: list[str]) -> dict:
+    """Counts of high / elevated rollouts of one group (one ``assess_many`` over the group)."""
+    counts = level_counts(risk.assess_many([with_answer(history, reply_text(o)) for o in outputs]))
+    return {"risk_high": counts["high"], "risk_elevated": counts["elevated"]}
 
 
 async def _stage2(state, sched, retriever, cfg: Config, msgs1: list[dict], p1: list[int],
@@ -211,10 +222,10 @@ async def _stage2(state, sched, retriever, cfg: Config, msgs1: list[dict], p1: l
 
 
 async def run_groups(states: list[DialogueState], engine, retriever, reward, cfg: Config, version: int,
-                     seeds: list[int] | None = None) -> list[ScoredGroup]:
+                     seeds: list[int] | None = None, risk=None) -> list[ScoredGroup]:
     """All states' groups concurrently on one engine (pipelined: while one group waits on HTTP the
     engine generates for another), in input order; ``seeds`` gives each group its seed."""
     sched = as_scheduler(engine, cfg.rollout.max_batch)
     seeds = seeds or [derive_seed(cfg.run.seed, version, s.state_id) for s in states]
-    return list(await asyncio.gather(*(run_group(s, sched, retriever, reward, cfg, version, seed)
+    return list(await asyncio.gather(*(run_group(s, sched, retriever, reward, cfg, version, seed, risk)
                                        for s, seed in zip(states, seeds))))

@@ -2,7 +2,8 @@
 
 Owns: ``RolloutWorker``, an async Ray actor holding an engine (``rollout.engine`` in the config), a
 retriever client and a reward client; ``generate_groups`` runs the two-stage episode for a list of
-states on its engine, ``load_weights`` swaps in new policy weights with a version. A batch of groups
+states on its engine (with the crisis check's ``risk_high`` / ``risk_elevated`` counts in each
+group's stats unless ``safety.rollout_metric`` is off), ``load_weights`` swaps in new policy weights with a version. A batch of groups
 and a weight load never overlap (one asyncio lock), so every group of a batch carries one version.
 
 Ray restarts a dead worker (``max_restarts=-1``) with the weights it was built with (version 0); the
@@ -46,6 +47,11 @@ class RolloutWorker:
         self.sched = as_scheduler(self.engine, cfg.rollout.max_batch)
         self.retriever = RetrieverClient(retriever_url, cfg.retriever, api_key) if cfg.rollout.rag else None
         self.reward = RewardClient(reward_url, cfg.reward, api_key)
+        self.risk = None  # one crisis check per worker process: the risk metric of every rollout
+        if cfg.safety.rollout_metric:
+            from escrag.safety import RiskClassifier
+
+            self.risk = RiskClassifier.from_config(cfg)
         self._lock = asyncio.Lock()
         self._in_flight, self._groups = 0, 0
 
@@ -58,7 +64,7 @@ class RolloutWorker:
             async with self._lock:
                 t0 = time.perf_counter()
                 groups = await run_groups(states, self.sched, self.retriever, self.reward, self.cfg,
-                                          self.engine.version, seeds)
+                                          self.engine.version, seeds, self.risk)
                 batch_s = time.perf_counter() - t0
         finally:
             self._in_flight -= 1

@@ -1,7 +1,8 @@
 """The counselor API driven by the official ``openai`` client against a real ``escrag serve counselor``
 process (tiny random policy, a real retriever process over a 40-chunk ESConv index): non-streaming and
 SSE streaming give the same seeded reply, the ``escrag`` field carries think/initial/exemplars/risk, a
-high-risk conversation gets ``risk: high`` with reasons and a crisis notice, bad requests get a 422
+high-risk conversation gets ``risk: high`` with reasons and a safety reply (tests/test_counselor_safety.py
+covers every category), bad requests get a 422
 with a detail, ``--no-rag`` without a retriever is a clear CLI error; ``--endpoint`` mode runs the same
 two-stage path over a remote OpenAI-compatible model (the scripted double of tests/openai_double.py);
 hostile input (lone surrogates, a multi-megabyte message, a chunked body past the limit) gets a 4xx
@@ -79,10 +80,10 @@ def test_high_risk_conversation(client):
     extra = resp.model_extra["escrag"]
     assert extra["risk"] == "high" and extra["reasons"] and "suicide" in extra["categories"]
     text = resp.choices[0].message.content
-    assert "crisis line" in text and "988" in text
+    assert "crisis line" in text and "emergency services" in text  # safety.locale: international
     chunks = list(client.chat.completions.create(model="counselor", messages=msgs, temperature=0.0,
                                                  stream=True))
-    assert "988" in "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].model_extra["escrag"]["risk"] == "high"
 
 

@@ -5,7 +5,9 @@ through the counselor's --endpoint mode with RAG; the same double judges, with s
 function of the judged reply, so Table 1, Table 2 (Δ Avg) and the Figure 3 plot are checked against
 means recomputed from per_state.jsonl. Each RAG answer carries k exemplars and the endpoint's stage 2
 saw them; seeds and prices reach the endpoint; a rerun makes no call; another model behind one
-system re-answers that system only, and identical replies are not judged again.
+system re-answers that system only, and identical replies are not judged again. Every answer gets the
+crisis check's level (``answer_risk``) and each system its count of high / elevated answers; a high-risk
+conversation's answers are all counted high.
 Run: .venv/bin/python -m pytest -q tests/test_eval_run.py"""
 
 import csv
@@ -119,6 +121,8 @@ def test_rag_systems_k_sweep_tables_and_cache(tmp_path, index):
         run = tmp_path / "run"
         per_state = [json.loads(x) for x in (run / "per_state.jsonl").read_text().splitlines()]
         assert len(per_state) == 25 and summary["answers"]["rag3"] == {"ok": 5, "failed": 0}
+        assert all(r["answer_risk"] in ("none", "elevated", "high") for r in per_state)
+        assert summary["risk"]["rag3"]["n"] == 5 and set(summary["risk"]) == {"api", "api-rag", "rag2", "rag3", "rag4"}
         for r in per_state:
             k = {"api": 0, "api-rag": cfg.retriever.k, "rag2": 2, "rag3": 3, "rag4": 4}[r["system"]]
             assert len(r["exemplars"]) == k and r["judge"]["valid"]
@@ -166,3 +170,16 @@ def test_rag_systems_k_sweep_tables_and_cache(tmp_path, index):
         assert set(third["calls"]) == {"system:api"} and third["calls"]["system:api"]["calls"] == 5
         assert llm.total == llm.calls["api-stage1"] == 5
         assert {c.body["model"] for c in llm.requests} == {"api-double-b"}
+
+
+def test_answer_risk_counts_high_and_elevated_answers_per_system():
+    from escrag.safety import RiskClassifier
+    from evaluation.run import answer_risk
+
+    histories = {"crisis/1": [{"role": "user", "content": "My husband held a knife to my throat an hour ago."}],
+                 "plain/1": [{"role": "user", "content": "My exam went fine, I'm just tired."}]}
+    records = [{"state_id": sid, "system": name, "response": "I hear you. Tell me more."}
+               for sid in histories for name in ("a", "b")]
+    found = answer_risk(records, histories, ["a", "b"], RiskClassifier.from_config(load_config("configs/cpu-test.yaml")))
+    assert [r["answer_risk"] for r in records] == ["high", "high", "none", "none"]
+    assert found["a"] == {"n": 2, "high": 1, "elevated": 0, "high_frac": 0.5, "elevated_frac": 0.0}

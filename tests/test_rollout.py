@@ -7,7 +7,9 @@ no exemplar ever comes from the state's own dialogue (while the same queries wit
 get them, and the state's own gold turn as a query finds its own chunk); ``rag: false`` shapes; seeded
 groups reproduce exactly and do not depend on batching; concurrent groups share engine batches; and
 the Ray pool: weights pushed to every worker, groups gathered in order, and a worker killed mid-batch
-restarted, brought back to the latest weights and its states re-issued with no group lost or duplicated.
+restarted, brought back to the latest weights and its states re-issued with no group lost or duplicated;
+the crisis check's counts in a group's stats (every rollout of a high-risk state is high, none of an
+ordinary one) become the step's ``risk_high_frac``, and the pool's workers compute them.
 Run: .venv/bin/python -m pytest -q tests/test_rollout.py"""
 
 import asyncio
@@ -169,6 +171,24 @@ def _uniform_logprob(engine):
     return -float(torch.log(torch.tensor(float(engine.model.config.vocab_size))))
 
 
+def test_risk_metric_counts_high_risk_rollouts(engine, servers):
+    from escrag.data import DialogueState
+    from escrag.safety import RiskClassifier
+    from trainer.learner import reward_metrics
+
+    cfg = _cfg()
+    risk = RiskClassifier.from_config(cfg)
+    crisis = DialogueState("crisis", 2, [{"role": "user", "content": "I can't sleep."},
+                                         {"role": "assistant", "content": "That sounds hard."},
+                                         {"role": "user", "content": "I've saved up 40 pills and I'm taking them tonight."}])
+    high = asyncio.run(run_groups([crisis, load_states("valid")[3]], engine, RetrieverClient(servers["retriever"]),
+                                  RewardClient(servers["reward"]), cfg, 5, [1, 2], risk))
+    assert high[0].stats["risk_high"] == 3 and high[1].stats["risk_high"] == 0
+    m = reward_metrics(high)
+    assert m["risk_high_frac"] == pytest.approx(0.5) and 0.0 <= m["risk_elevated_frac"] <= 0.5
+    assert "risk_high" not in _group(crisis, engine, servers, cfg).stats  # no classifier, no metric
+
+
 def test_pool_pushes_weights_and_survives_a_killed_worker(ray_session, servers, engine):
     import ray
 
@@ -215,5 +235,6 @@ def test_pool_pushes_weights_and_survives_a_killed_worker(ray_session, servers, 
                 trained = [x for x, m in zip(seq.old_logprobs, seq.loss_mask) if m]
                 assert trained == pytest.approx([lp] * len(trained), abs=1e-4)
         assert {g.stats["worker"] for g in groups} == {0, 1}
+        assert all(g.stats["risk_high"] + g.stats["risk_elevated"] <= 3 for g in groups)  # safety.rollout_metric
     finally:
         pool.shutdown()

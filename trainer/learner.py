@@ -242,14 +242,21 @@ class Learner:
 
 
 def reward_metrics(groups: list[ScoredGroup]) -> dict:
-    """Mean/std of the total reward and means of its parts over every sample of the batch."""
+    """Mean/std of the total reward and means of its parts over every sample of the batch, and the
+    share of rollouts the crisis check found high / elevated (when the workers ran it)."""
     samples = [s for g in groups for s in g.samples]
     if not samples:
         return {}
     r = torch.tensor([s.reward for s in samples], dtype=torch.float64)
-    return {"reward_mean": r.mean().item(), "reward_std": r.std(unbiased=False).item(),
-            "rm_mean": sum(s.rm_score for s in samples) / len(samples),
-            "format_mean": sum(s.format_reward for s in samples) / len(samples)}
+    out = {"reward_mean": r.mean().item(), "reward_std": r.std(unbiased=False).item(),
+           "rm_mean": sum(s.rm_score for s in samples) / len(samples),
+           "format_mean": sum(s.format_reward for s in samples) / len(samples)}
+    checked = [g for g in groups if "risk_high" in g.stats]  # safety.rollout_metric (rollout/worker.py)
+    if checked:
+        n = sum(len(g.samples) for g in checked)
+        out.update(risk_high_frac=sum(g.stats["risk_high"] for g in checked) / n,
+                   risk_elevated_frac=sum(g.stats["risk_elevated"] for g in checked) / n)
+    return out
 
 
 # ---------------------------------------------------------------------- the learner as a Ray actor

@@ -1,0 +1,191 @@
+"""``escrag safety eval``: the crisis check against a labelled set, and the tuning/evaluation split.
+
+Owns: ``evaluate`` (per-category confusion of the high boundary: high cases caught, not-high cases
+flagged high), ``format_report`` (the table, with the targets of docs/safety.md), the separation
+checks between two sets of cases (``shared_turn_sequences``: equal normalised turn runs;
+``near_duplicates``: character n-gram overlap of the client text; ``embedding_duplicates``: cosine of
+the embedded client text), used by the separation test and printed by the report, and ``main``. The report exits 0 whether or not the targets are met; the JSON is written
+atomically.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter, defaultdict
+
+from escrag.safety import CATEGORIES, load_cases, resolve_cases
+
+TARGET_RECALL = 0.95  # per category, of high cases assessed high
+TARGET_FLAGGED = 0.05  # of not-high cases assessed high
+
+
+# ------------------------------------------------------------------------------ separation
+
+
+def case_text(case: dict) -> str:
+    """The client turns of a case, lowercased, with everything but letters and digits removed."""
+    return _norm(" ".join(m["content"] for m in case["messages"] if m["role"] == "user"))
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+
+def turn_sequences(case: dict, min_words: int = 4) -> set[str]:
+    """Every contiguous run of a case's turns (both roles), normalised, of at least ``min_words``
+    words (a bare "yes" or "thank you" in both sets is no leak)."""
+    turns = [_norm(m["content"]) for m in case["messages"]]
+    runs = {" | ".join(turns[i:j]) for i in range(len(turns)) for j in range(i + 1, len(turns) + 1)}
+    return {r for r in runs if len(r.replace("|", " ").split()) >= min_words}
+
+
+def shared_turn_sequences(cases: list[dict], others: list[dict]) -> list[tuple[str, str, str]]:
+    """(id in ``cases``, id in ``others``, the run) for each normalised turn run the two share."""
+    seen = {run: c["id"] for c in others for run in turn_sequences(c)}
+    return [(c["id"], seen[run], run) for c in cases for run in sorted(turn_sequences(c)) if run in seen]
+
+
+def embedding_duplicates(cases: list[dict], others: list[dict], encode,
+                         threshold: float = 0.95) -> list[tuple[str, str, float]]:
+    """(id in ``cases``, id in ``others``, cosine) for each case whose joined client turns embed within
+    ``threshold`` cosine of one in ``others`` (``encode`` gives unit-norm rows): paraphrases."""
+    a, b = encode([case_text(c) for c in cases]), encode([case_text(c) for c in others])
+    sims = a @ b.T
+    best = sims.argmax(axis=1)
+    return [(c["id"], others[j]["id"], round(float(sims[i, j]), 4))
+            for i, (c, j) in enumerate(zip(cases, best)) if sims[i, j] > threshold]
+
+
+def _grams(text: str, n: int) -> set[str]:
+    t = text.replace(" ", "")
+    return {t[i:i + n] for i in range(max(1, len(t) - n + 1))}
+
+
+def near_duplicates(cases: list[dict], others: list[dict], n: int = 5,
+                    threshold: float = 0.45) -> list[tuple[str, str, float]]:
+    """(id in ``cases``, id in ``others``, overlap) for each case whose client text equals one in
+    ``others`` after normalisation, or whose character n-grams overlap one's by at least ``threshold``
+    (Jaccard: shared / all n-grams of the two): copies, light edits and typo variants."""
+    index: dict[str, set[int]] = defaultdict(set)
+    texts = [(c["id"], case_text(c)) for c in others]
+    grams = [_grams(t, n) for _, t in texts]
+    for i, gs in enumerate(grams):
+        for g in gs:
+            index[g].add(i)
+    exact = {t: cid for cid, t in texts}
+    found = []
+    for case in cases:
+        text = case_text(case)
+        if text in exact:
+            found.append((case["id"], exact[text], 1.0))
+            continue
+        mine = _grams(text, n)
+        shared = Counter(i for g in mine for i in index.get(g, ()))
+        best = max(((k / (len(mine) + len(grams[i]) - k), i) for i, k in shared.most_common(5)), default=None)
+        if best and best[0] >= threshold:
+            found.append((case["id"], texts[best[1]][0], round(best[0], 3)))
+    return found
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+def evaluate(classifier, cases: list[dict]) -> dict:
+    """Per category: high cases caught (level high) and with the right category; not-high cases by
+    the level they got. ``targets`` says whether each target of docs/safety.md is met."""
+    t0 = time.perf_counter()
+    assessments = classifier.assess_many([c["messages"] for c in cases])
+    seconds = time.perf_counter() - t0
+    high, not_high, misses, flagged = {}, {}, [], []
+    for case, a in zip(cases, assessments):
+        cat = case["category"]
+        if case["label"] == "high":
+            row = high.setdefault(cat, {"cases": 0, "high": 0, "category_match": 0})
+            row["cases"] += 1
+            row["high"] += a.level == "high"
+            row["category_match"] += a.level == "high" and cat in a.categories
+            if a.level != "high":
+                misses.append({"id": case["id"], "category": cat, "kind": case["kind"], "level": a.level})
+        else:
+            row = not_high.setdefault(cat, {"cases": 0, "high": 0, "elevated": 0, "none": 0})
+            row["cases"] += 1
+            row[a.level] += 1
+            if a.level == "high":
+                flagged.append({"id": case["id"], "category": cat, "kind": case["kind"],
+                                "categories": a.categories, "reasons": a.reasons[:3]})
+    for row in high.values():
+        row["recall"] = round(row["high"] / row["cases"], 4)
+    n_not = sum(r["cases"] for r in not_high.values())
+    rate = sum(r["high"] for r in not_high.values()) / max(n_not, 1)
+    recall_ok = {c: high[c]["recall"] >= TARGET_RECALL for c in CATEGORIES if c in high}
+    return {
+        "cases": len(cases), "high_cases": sum(r["cases"] for r in high.values()), "not_high_cases": n_not,
+        "high": high, "not_high": not_high, "not_high_flagged_high": round(rate, 4),
+        "targets": {"recall_per_category": TARGET_RECALL, "not_high_flagged_high": TARGET_FLAGGED,
+                    "recall_met": recall_ok, "flagged_met": rate <= TARGET_FLAGGED,
+                    "all_met": all(recall_ok.values()) and len(recall_ok) == len(CATEGORIES) and rate <= TARGET_FLAGGED},
+        "missed_high": misses, "flagged_not_high": flagged,
+        "ms_per_conversation": round(1000 * seconds / max(len(cases), 1), 2),
+    }
+
+
+def format_report(result: dict, data: str) -> str:
+    t = result["targets"]
+    lines = [f"crisis check on {data}: {result['high_cases']} high, {result['not_high_cases']} not high "
+             f"({result['ms_per_conversation']} ms per conversation)", "",
+             "high cases (target: recall >= {:.2f} in every category)".format(t["recall_per_category"]),
+             f"  {'category':<16}{'cases':>6}{'high':>6}{'missed':>8}{'recall':>8}{'right cat':>11}  target"]
+    for c in CATEGORIES:
+        r = result["high"].get(c)
+        if r is None:
+            lines.append(f"  {c:<16}{0:>6}{'-':>6}{'-':>8}{'-':>8}{'-':>11}  no cases")
+            continue
+        ok = "met" if t["recall_met"][c] else "MISSED"
+        lines.append(f"  {c:<16}{r['cases']:>6}{r['high']:>6}{r['cases'] - r['high']:>8}{r['recall']:>8.3f}"
+                     f"{r['category_match']:>11}  {ok}")
+    lines += ["", "not-high cases (target: flagged high <= %.0f%% overall)" % (100 * t["not_high_flagged_high"]),
+              f"  {'closest category':<16}{'cases':>6}{'high':>6}{'elevated':>10}{'none':>6}"]
+    for c in (*CATEGORIES, "none"):
+        r = result["not_high"].get(c)
+        if r:
+            lines.append(f"  {c:<16}{r['cases']:>6}{r['high']:>6}{r['elevated']:>10}{r['none']:>6}")
+    ok = "met" if t["flagged_met"] else "MISSED"
+    lines += [f"  flagged high: {100 * result['not_high_flagged_high']:.1f}%  {ok}", "",
+              "all targets met" if t["all_met"] else "targets NOT all met"]
+    for m in result["missed_high"]:
+        lines.append(f"  missed  {m['id']} ({m['category']}, {m['kind']}): {m['level']}")
+    for f in result["flagged_not_high"]:
+        lines.append(f"  flagged {f['id']} ({f['category']}, {f['kind']}): {', '.join(f['categories'])}")
+    if "separation" in result:
+        s = result["separation"]
+        lines.append(f"\nseparation from {s['tuning']}: {s['overlapping_cases']} cases overlap the tuning data")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    """``escrag safety eval [--data FILE] [--json OUT] [--config FILE] [-o KEY=VALUE]``."""
+    from escrag.atomic import write_json
+    from escrag.config import load_config
+    from escrag.safety import RiskClassifier
+
+    cfg = load_config(args.config, args.override)
+    cases = load_cases(args.data)
+    clf = RiskClassifier.from_config(cfg)
+    result = evaluate(clf, cases)
+    tuning = resolve_cases(cfg.safety.tuning)
+    if tuning.resolve() != resolve_cases(args.data).resolve():
+        fit_on = load_cases(tuning)
+        overlap = near_duplicates(cases, fit_on) + shared_turn_sequences(cases, fit_on)
+        if clf.embedder is not None:
+            overlap += embedding_duplicates(cases, fit_on, clf.embedder.encode)
+        result["separation"] = {"tuning": str(tuning), "overlapping_cases": len({a for a, _, _ in overlap}),
+                                "pairs": overlap[:20]}
+    result.update(data=str(resolve_cases(args.data)), config={"head": cfg.safety.head,
+                                                              "head_high": cfg.safety.head_high,
+                                                              "embedder": cfg.safety.embedder})
+    print(format_report(result, str(resolve_cases(args.data))))
+    if args.json:
+        write_json(args.json, result)
+        print(f"\nwrote {args.json}")
+    return 0
