@@ -1,6 +1,7 @@
 """The embedded demo that ``make demo`` runs: the pipeline job on the embedded default, then answers.
 
     python -m ray_jobs.demo --config configs/cpu-demo.yaml [-o key=value ...]
+    python -m ray_jobs.demo --config FILE --compare-only   # only the held-out SFT vs GRPO comparison
 
 Owns: what is printed around the pipeline (``ray_jobs.pipeline``: silver pairs -> exemplar index ->
 reward head -> cold-start SFT -> retrieval-augmented GRPO with LoRA, each stage skipped when it is
@@ -138,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ray_jobs.demo", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/cpu-demo.yaml")
     p.add_argument("-o", "--override", action="append", default=[])
+    p.add_argument("--compare-only", action="store_true",
+                   help="skip the pipeline: answer and compare SFT vs GRPO of a finished run of this config")
     args = p.parse_args(argv)
-    return run_main("demo", lambda: run_demo(load_config(args.config, args.override)))
+    cfg = load_config(args.config, args.override)
+    return run_main("demo", lambda: show_answers(cfg) and 0 if args.compare_only else run_demo(cfg))
 
 
 def run_demo(cfg: Config) -> int:

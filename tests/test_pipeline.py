@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from escrag.config import RolloutConfig, load_config, run_paths, to_dict
+from escrag.data import load_states
 from escrag.records import Sample, ScoredGroup
 from rollout.engine import SamplingParams
 
@@ -96,6 +97,25 @@ def test_grpo_starts_from_the_sft_weights(run):
     engine = make_engine(cfg)
     for name, p in engine.model.named_parameters():
         assert torch.equal(p, want[name].to(p.dtype)), name
+
+
+def test_demo_compares_sft_and_grpo_on_fixed_held_out_states(run, ray_session):
+    """The demo's held-out comparison on the finished run: same states and seeds for both policies,
+    a paired difference consistent with the per-state means, written to heldout_compare.json."""
+    out, _ = run
+    cmd = [sys.executable, "-m", "ray_jobs.demo", "--config", "configs/paper-tiny.yaml", "--compare-only",
+           "-o", f"run.output_dir={out}", "-o", "run.demo_examples=1", "-o", "run.demo_compare_states=3",
+           "-o", "run.demo_compare_samples=2", "-o", f"ray.address={ray_session.address}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "GRPO - SFT (paired)" in proc.stdout
+    cmp = json.loads((out / "grpo" / "heldout_compare.json").read_text())
+    test_ids = {s.state_id for s in load_states("test")}
+    assert len(cmp["states"]) == 3 and set(cmp["states"]) <= test_ids and cmp["samples"] == 2
+    sft, grpo = cmp["per_state"]["sft"], cmp["per_state"]["grpo"]
+    assert cmp["sft"][0] == pytest.approx(sum(sft) / 3) and cmp["grpo"][0] == pytest.approx(sum(grpo) / 3)
+    assert cmp["delta"][0] == pytest.approx(cmp["grpo"][0] - cmp["sft"][0])
+    assert cmp["delta"][1] <= cmp["delta"][0] <= cmp["delta"][2]
 
 
 def _groups(engine, n_groups=2, n=4, seed=0):
