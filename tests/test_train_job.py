@@ -69,6 +69,24 @@ def test_ray_job_submit(ray_session, serve, tmp_path):
     assert (out / "policy" / "model.safetensors").is_file() and (out / "reward_curve.png").is_file()
 
 
+def _kill_then_resume(cmd: list[str], out: Path, log: Path, steps: int) -> tuple[int, list[dict]]:
+    """Kill the job once it has checkpointed step 2 or later, rerun it with --resume; returns the
+    step it was killed at and the metrics rows of the finished run."""
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_checkpoint(proc, out / "checkpoints" / "latest", log, min_step=2)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed_at = int((out / "checkpoints" / "latest").read_text().strip().split("-")[1])
+    assert killed_at < steps, "the job finished before it could be killed"
+    resumed = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"resumed from step {killed_at}" in resumed.stdout
+    return killed_at, read_metrics(out / "metrics.jsonl")
+
+
 def _wait_for_checkpoint(proc, latest: Path, log: Path, min_step: int, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -90,19 +108,7 @@ def test_kill_and_resume_continue_exactly(ray_session, serve, tmp_path):
     straight = subprocess.run(_job(tmp_path / "straight", reward_url, steps) + ["-o", f"ray.address={ray_session.address}"],
                               cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert straight.returncode == 0, straight.stderr[-3000:]
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
-    try:
-        _wait_for_checkpoint(proc, out / "checkpoints" / "latest", log, min_step=2)
-    finally:
-        proc.kill()
-        proc.wait()
-    killed_at = int((out / "checkpoints" / "latest").read_text().strip().split("-")[1])
-    assert killed_at < steps, "the job finished before it could be killed"
-    resumed = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert f"resumed from step {killed_at}" in resumed.stdout
-    rows = read_metrics(out / "metrics.jsonl")
+    killed_at, rows = _kill_then_resume(cmd, out, log, steps)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     fresh = StateSampler(5, 2, seed=0)  # the uninterrupted run's data positions
     for r in rows:
@@ -122,19 +128,7 @@ def test_kill_and_resume_with_max_staleness_1(ray_session, serve, tmp_path):
     reward_url = serve(["reward", "--rule", "vowels"])
     out, steps, log = tmp_path / "run", 6, tmp_path / "job.log"
     cmd = _job(out, reward_url, steps) + ["-o", f"ray.address={ray_session.address}", "-o", "grpo.max_staleness=1"]
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
-    try:
-        _wait_for_checkpoint(proc, out / "checkpoints" / "latest", log, min_step=2)
-    finally:
-        proc.kill()
-        proc.wait()
-    killed_at = int((out / "checkpoints" / "latest").read_text().strip().split("-")[1])
-    assert killed_at < steps, "the job finished before it could be killed"
-    resumed = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert f"resumed from step {killed_at}" in resumed.stdout
-    rows = read_metrics(out / "metrics.jsonl")
+    killed_at, rows = _kill_then_resume(cmd, out, log, steps)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     fresh = StateSampler(5, 2, seed=0)
     for r in rows:
