@@ -361,29 +361,37 @@ def fit_head(cases: list[dict], encode, c: float, rounds: int) -> EmbeddingHead:
 # ------------------------------------------------------------------------------ the classifier
 
 
+def _inline(fn, *args):
+    return fn(*args)
+
+
 class RiskClassifier:
     """``RiskClassifier.from_config(cfg)`` once per process, then ``assess(history)``."""
 
-    def __init__(self, cfg, embedder=None, head: EmbeddingHead | None = None):
+    def __init__(self, cfg, embedder=None, head: EmbeddingHead | None = None, run=None):
+        """``run(fn, *args)``: where the embedder's torch work runs (default: the calling thread); a
+        process that hosts a transformers engine passes ``engine.call`` (one OpenMP pool,
+        ``rollout/hf_engine.py``)."""
         self.cfg, self.embedder, self.head = cfg, embedder, head  # cfg: escrag.config.SafetyConfig
+        self._run = run or _inline
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @classmethod
-    def from_config(cls, cfg) -> RiskClassifier:
+    def from_config(cls, cfg, run=None) -> RiskClassifier:
         """From a full ``Config`` (its ``safety`` section) or a ``SafetyConfig``: loads the embedder and
         the head fitted on ``safety.tuning`` (cached under $ESCRAG_CACHE; fitted on first use)."""
-        sc = getattr(cfg, "safety", cfg)
+        sc, run = getattr(cfg, "safety", cfg), run or _inline
         if not sc.head:
             return cls(sc)
         from escrag.embed import load_embedder
 
-        embedder = load_embedder(sc.embedder)
-        return cls(sc, embedder, load_or_fit_head(sc, embedder))
+        embedder = run(load_embedder, sc.embedder)
+        return cls(sc, embedder, run(load_or_fit_head, sc, embedder), run)
 
     def _probs(self, sentences: list[str]) -> np.ndarray:
         todo = list(dict.fromkeys(s for s in sentences if s not in self._cache))
         if todo:
-            for s, p in zip(todo, self.head.probs(self.embedder.encode(todo))):
+            for s, p in zip(todo, self.head.probs(self._run(self.embedder.encode, todo))):
                 self._cache[s] = p
         out = np.stack([self._cache[s] for s in sentences]) if sentences else np.zeros((0, len(CATEGORIES) + 1))
         for s in sentences:

@@ -173,14 +173,16 @@ def load_service(args, cfg: Config) -> CounselorService:
         from retriever_server.client import RetrieverClient
 
         retriever = RetrieverClient(args.retriever, cfg.retriever)
-    classifier = RiskClassifier.from_config(cfg)
     if args.endpoint:
         ecfg = dataclasses.replace(cfg.counselor.endpoint, base_url=args.endpoint, model=args.endpoint_model,
                                    api_key_env=args.endpoint_key_env)
-        return CounselorService(cfg, classifier, retriever, endpoint=ChatEndpoint("counselor", ecfg))
+        return CounselorService(cfg, RiskClassifier.from_config(cfg), retriever,
+                                endpoint=ChatEndpoint("counselor", ecfg))
     from rollout.engine import make_engine
 
-    return CounselorService(cfg, classifier, retriever, engine=make_engine(cfg, model_spec=args.policy))
+    engine = make_engine(cfg, model_spec=args.policy)
+    classifier = RiskClassifier.from_config(cfg, run=engine.call)  # on the engine's thread
+    return CounselorService(cfg, classifier, retriever, engine=engine)
 
 
 def main(args) -> int:

@@ -85,6 +85,11 @@ class GenerationEngine(abc.ABC):
     def load_weights(self, weights: dict, version: int) -> None:
         """Replace the named parameters (a partial dict updates only those), then set ``version``."""
 
+    def call(self, fn, *args):
+        """Run ``fn(*args)`` where this engine runs its CPU torch work (``HFEngine``: its own thread,
+        so that the process keeps one OpenMP pool); here, in the calling thread."""
+        return fn(*args)
+
     def _check_version(self, version: int) -> None:
         if version <= self.version:
             raise StaleWeightsError(f"weights version {version} is not newer than the engine's "

@@ -4,7 +4,15 @@ Owns: ``HFEngine`` (sync ``generate``, ``scheduler()`` for concurrent async call
 ``warmup``) and the prefix cache of finished rows' K/V. The tensor side (slots, prefill, the
 compiled decode step with sampling inside) is ``rollout/decoder.py``.
 
-How a batch runs. Requests (sync or async) queue their rows; one runner thread loops: admit waiting
+The engine thread. All of the engine's torch work (model load, weight loads, warmup, prefill and
+decode) runs on one thread that the engine owns (``call`` runs more there). Why: PyTorch's CPU ops
+fork and join on an OpenMP pool owned by the thread that calls them, and libgomp's workers only spin
+between ops (fast hand-off) while its threads number no more than the cores; a second thread running
+parallel torch ops adds a pool, every worker then sleeps between ops, and each op pays a futex wake:
+on this 2-core CPU a SmolLM2 decode step at batch 8 took 68 ms instead of 38 ms. The thread ends
+when the engine is closed or garbage-collected.
+
+How a batch runs. Requests (sync or async) queue their rows; the engine thread loops: admit waiting
 rows into free slots (prefill, first token), run one decode step for the live rows, retire the rows
 that finished (EOS, a stop string, ``max_new_tokens``, or ``rollout.max_seq_len``) and move the last
 live rows into their slots, so finished rows cost nothing and live rows stay packed in [0, n). A
@@ -38,6 +46,7 @@ import asyncio
 import random
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 
 import numpy as np
@@ -57,23 +66,29 @@ class HFEngine(GenerationEngine):
         """``ro``: the ``RolloutConfig``; ``dtype``: the engine's weights dtype, already resolved."""
         self.device, self.max_batch, self.version, self.dtype = resolve_device(ro.device), ro.max_batch, 0, dtype
         self.tokenizer = load_tokenizer(model_spec)
-        self.model = load_causal_lm(model_spec, dtype).to(self.device).eval()
-        self._named = self.model.state_dict(keep_vars=True)  # tied names map to the same tensor
-        self.decoder = SlotDecoder(self.model, ro)
         self.prefix_cache = PrefixCache(ro.prefix_cache_tokens)
         self._seed_rng = random.Random(seed)
-        eos = self.model.generation_config.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos]
-        self.eos_ids = {i for i in [*eos, self.tokenizer.eos_token_id] if i is not None}
-        self._lock = threading.Lock()  # the batch and the weights: one decode step or weight load at a time
-        self._queue = threading.Condition()  # guards _waiting and _running
+        self._queue = threading.Condition()  # guards _waiting, _tasks and _closed
         self._waiting: deque[_Row] = deque()
-        self._running = False
-        self._live: list[_Row] = []  # row i decodes in slot i; only the runner thread touches it
+        self._tasks: deque[_Task] = deque()  # torch work for the engine thread (load, weights, warmup)
+        self._closed = False
+        self._live: list[_Row] = []  # row i decodes in slot i; only the engine thread touches it
         self._front: AsyncFront | None = None
         # steps: decode passes; decode_rows: live rows over them; joined_running: rows admitted while
         # others were mid-decode; prefill_tokens / reused_tokens: prompt tokens computed / copied
         self.stats = dict.fromkeys(("steps", "decode_rows", "joined_running", "prefill_tokens", "reused_tokens"), 0)
+        self._thread = threading.Thread(target=_engine_thread, args=(weakref.ref(self), self._queue),
+                                        name="hf-engine", daemon=True)
+        self._thread.start()
+        self.call(self._load, model_spec, ro, dtype)
+
+    def _load(self, model_spec: str, ro, dtype: str) -> None:
+        self.model = load_causal_lm(model_spec, dtype).to(self.device).eval()
+        self._named = self.model.state_dict(keep_vars=True)  # tied names map to the same tensor
+        self.decoder = SlotDecoder(self.model, ro)
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_ids = {i for i in [*eos, self.tokenizer.eos_token_id] if i is not None}
 
     # ------------------------------------------------------------------ public
 
@@ -106,22 +121,48 @@ class HFEngine(GenerationEngine):
             on_done()
             return request
         with self._queue:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
             self._waiting.extend(request.rows)
-            start, self._running = not self._running, True
-        if start:
-            threading.Thread(target=self._run, name="hf-engine", daemon=True).start()
+            self._queue.notify()
         return request
+
+    def call(self, fn, *args):
+        """Run ``fn(*args)`` on the engine thread (between decode steps) and return its result. All
+        of the engine's torch work runs there (module doc: one OpenMP pool); so can a caller's own
+        CPU torch work that shares the process (the rollout worker's crisis check, a benchmark's
+        baseline)."""
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        task = _Task(fn, args)
+        with self._queue:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._tasks.append(task)
+            self._queue.notify()
+        return task.result()
+
+    def close(self) -> None:
+        """Stop the engine thread (requests in flight fail). Also happens when the engine is
+        garbage-collected."""
+        with self._queue:
+            self._closed = True
+            self._queue.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
     def warmup(self, params: SamplingParams) -> float:
         """Compile (or run once) the decode step for these sampling parameters: one graph serves every
         batch size and length. Returns the seconds it took; runs on free slots of an idle engine."""
-        with self._lock:
-            if self._live:
-                raise RuntimeError("warmup needs an idle engine")
-            self.decoder.reserve(2)
-            t = time.perf_counter()
-            self.decoder.decode([0, 0], [1, 1], [0, 0], [1, 1], params.temperature, params.top_p, params.top_k)
-            return time.perf_counter() - t
+        return self.call(self._warmup, params)
+
+    def _warmup(self, params: SamplingParams) -> float:
+        if self._live:
+            raise RuntimeError("warmup needs an idle engine")
+        self.decoder.reserve(2)
+        t = time.perf_counter()
+        self.decoder.decode([0, 0], [1, 1], [0, 0], [1, 1], params.temperature, params.top_p, params.top_k)
+        return time.perf_counter() - t
 
     def load_weights(self, weights: dict, version: int) -> None:
         """Copy ``weights`` (state-dict names -> tensors) into the model's own tensors, in place, so
@@ -129,40 +170,46 @@ class HFEngine(GenerationEngine):
         checked before anything is copied, so a bad dict leaves the engine unchanged. Rows decoding
         meanwhile continue with the new weights from the next step on; callers that need one version
         per batch load between batches (``rollout.worker``). Cached prefixes are dropped."""
-        with self._lock:
-            self._check_version(version)
-            unknown = sorted(set(weights) - set(self._named))
-            if unknown:
-                raise KeyError(f"unknown parameter names: {unknown[:5]} ({len(unknown)} in all)")
+        self.call(self._load_weights, weights, version)
+
+    def _load_weights(self, weights: dict, version: int) -> None:
+        self._check_version(version)
+        unknown = sorted(set(weights) - set(self._named))
+        if unknown:
+            raise KeyError(f"unknown parameter names: {unknown[:5]} ({len(unknown)} in all)")
+        for name, tensor in weights.items():
+            if tuple(tensor.shape) != tuple(self._named[name].shape):
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != "
+                                 f"{tuple(self._named[name].shape)}")
+        with torch.no_grad():
             for name, tensor in weights.items():
-                if tuple(tensor.shape) != tuple(self._named[name].shape):
-                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} != "
-                                     f"{tuple(self._named[name].shape)}")
-            with torch.no_grad():
-                for name, tensor in weights.items():
-                    target = self._named[name]
-                    target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-            self.decoder.repack([self._named[name] for name in weights])
-            self.prefix_cache.clear()
-            self.version = version
+                target = self._named[name]
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        self.decoder.repack([self._named[name] for name in weights])
+        self.prefix_cache.clear()
+        self.version = version
 
     # ------------------------------------------------------------------ the runner
 
-    def _run(self) -> None:
-        """The runner thread: iterate until no row is live or waiting."""
-        while True:
-            with self._queue:
-                if not self._live and not self._waiting:
-                    self._running = False
-                    return
-            try:
-                with self._lock:
-                    finished = self._iterate()
-            except BaseException as exc:  # noqa: BLE001  every request in flight sees the failure
-                self._fail_all(exc)
-                continue
-            for request in finished:
-                request.on_done()
+    def _work(self) -> None:
+        """One turn of the engine thread: run queued tasks, then one iteration of the batch."""
+        with self._queue:
+            tasks, self._tasks = self._tasks, deque()
+        for task in tasks:
+            task.run()
+        if not self._live and not self._waiting:
+            return
+        try:
+            finished = self._iterate()
+        except BaseException as exc:  # noqa: BLE001  every request in flight sees the failure
+            self._fail_all(exc)
+            return
+        for request in finished:
+            request.on_done()
+
+    def _idle(self) -> bool:
+        """Under ``_queue``: nothing to do."""
+        return not (self._tasks or self._waiting or self._live)
 
     def _iterate(self) -> list[Request]:
         """Admit waiting rows, run one decode step, retire finished rows; returns finished requests."""
@@ -266,12 +313,59 @@ class HFEngine(GenerationEngine):
         return Generation(row.token_ids, row.logprobs, text, row.reason or "length", row.eos)
 
     def _fail_all(self, exc: BaseException) -> None:
-        with self._lock, self._queue:
+        with self._queue:
             rows = [*self._live, *self._waiting]
             self._live, self._waiting = [], deque()
         for request in {id(r.request): r.request for r in rows}.values():
             request.error = exc
             request.on_done()
+
+
+def _engine_thread(ref, queue: threading.Condition) -> None:
+    """The engine thread: works while there is work, waits otherwise; ends with the engine (closed or
+    garbage-collected: it holds the engine only while working)."""
+    while True:
+        engine = ref()
+        if engine is None:
+            return
+        with queue:
+            if engine._closed:
+                break
+            if engine._idle():
+                del engine
+                queue.wait(timeout=1.0)
+                continue
+        engine._work()
+        del engine
+    tasks, engine._tasks = engine._tasks, deque()
+    for task in tasks:
+        task.fail(RuntimeError("the engine is closed"))
+    engine._fail_all(RuntimeError("the engine is closed"))
+
+
+class _Task:
+    """A call waiting for the engine thread."""
+
+    def __init__(self, fn, args):
+        self.fn, self.args, self.done = fn, args, threading.Event()
+        self.value, self.error = None, None
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn(*self.args)
+        except BaseException as exc:  # noqa: BLE001  re-raised in the caller's thread
+            self.error = exc
+        self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.done.set()
+
+    def result(self):
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:

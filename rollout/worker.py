@@ -51,7 +51,7 @@ class RolloutWorker:
         if cfg.safety.rollout_metric:
             from escrag.safety import RiskClassifier
 
-            self.risk = RiskClassifier.from_config(cfg)
+            self.risk = RiskClassifier.from_config(cfg, run=self.engine.call)  # on the engine's thread
         self._lock = asyncio.Lock()
         self._in_flight, self._groups = 0, 0
 
