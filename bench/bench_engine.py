@@ -11,7 +11,9 @@ variant so each row makes exactly 64 tokens), SmolLM2-135M-Instruct, batch 8 and
 - ``ours compiled``: the same with ``rollout.compile: true``.
 Ours samples with the config's ``top_k`` (64) then top-p inside it (escrag.sampling).
 
-Runs interleave (batch x variant, ``--repeats`` rounds) and the tables show medians of tokens per
+Each variant runs in its own process (each then has the process's only OpenMP pool, as a rollout
+worker does: rollout/hf_engine.py); runs interleave (batch x variant, ``--repeats`` rounds, one
+process at a time) and the tables show medians of tokens per
 wall second (the target) and per CPU second of the process (steadier on a shared machine); the prefix
 cache is cleared before each run (rows of one batch may still share the system prompt's K/V).
 Compile time is reported apart: the warm-up call of the compiled engine per batch size (all length
@@ -105,7 +107,7 @@ class Ours:
         self.seed = 0
 
     def run(self, batch: list[list[int]]) -> int:
-        self.engine.prefix_cache.clear()
+        self.engine.call(self.engine.prefix_cache.clear)
         self.seed += len(batch)
         gens = self.engine.generate(batch, self.params, list(range(self.seed, self.seed + len(batch))))
         self.last = gens
@@ -123,59 +125,94 @@ def timed(fn, batch) -> dict:
             "load1": load}
 
 
-def logprob_gap(ours: Ours, hf: HFGenerate, batch: list[list[int]]) -> dict:
+def logprob_gap(ours: Ours, spec: str, batch: list[list[int]]) -> dict:
     """|Δ log-prob| of ours (its dtype) vs the float32 model teacher-forced on the same tokens."""
     import torch
 
+    from escrag.models import load_causal_lm
     from escrag.sampling import token_logprobs
 
+    teacher = load_causal_lm(spec, "float32").eval()
     gaps = []
     for prompt, gen in zip(batch, ours.last):
         ids = torch.tensor([prompt + gen.token_ids])
         with torch.inference_mode():
-            logits = hf.model(ids).logits[0, len(prompt) - 1:-1]
+            logits = teacher(ids).logits[0, len(prompt) - 1:-1]
         ref = token_logprobs(logits, torch.tensor(gen.token_ids), 0.9)
         gaps.append((torch.tensor(gen.logprobs) - ref).abs())
     g = torch.cat(gaps)
     return {"dtype": ours.engine.dtype, "mean": g.mean().item(), "max": g.max().item(), "tokens": len(g)}
 
 
-def measure(args) -> dict:
+def serve_variant(name: str, args, ids: list[list[int]], max_seq: int, conn) -> None:
+    """One variant in its own process, so that each has the process's only OpenMP pool (two threads
+    running parallel ops in one process slow both: rollout/hf_engine.py). Ours runs on its engine
+    thread, the baseline on this process's main thread. Answers ("run", b) and ("gap", b)."""
     import torch
 
     torch.set_num_threads(args.threads)
+    if name == "hf":
+        runner = HFGenerate(args.model, args)
+        call = lambda fn, *a: fn(*a)  # noqa: E731
+    else:
+        runner = Ours(args.model, args, name == "compiled", max(int(b) for b in args.batches.split(",")), max_seq)
+        call = runner.engine.call
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        kind, b = msg
+        conn.send(timed(runner.run, ids[:b]) if kind == "run" else call(logprob_gap, runner, args.model, ids[:b]))
+
+
+def measure(args) -> dict:
+    import multiprocessing as mp
+
+    from escrag.models import load_tokenizer
+
     batches = [int(b) for b in args.batches.split(",")]
     names = [v for v in args.variants.split(",") if v]
-    hf = HFGenerate(args.model, args)
-    ids = prompts(hf.tokenizer, max(batches))
+    ids = prompts(load_tokenizer(args.model), max(batches))
     max_seq = max(len(p) for p in ids) + args.new_tokens + 1
-    runners = {"hf": hf}
-    for name in names:
-        if name != "hf":
-            runners[name] = Ours(args.model, args, name == "compiled", max(batches), max_seq)
-    warm = {}
-    for name in names:  # warm-up: first calls (and compiles) are not in the table
-        for b in batches:
-            warm[f"{name}/b{b}"] = timed(runners[name].run, ids[:b])["seconds"]
-            print(f"warm-up {VARIANTS[name]} b{b}: {warm[f'{name}/b{b}']:.1f} s", flush=True)
-    runs = {f"{n}/b{b}": [] for n in names for b in batches}
-    for r in range(args.repeats):
-        for b in batches:
-            for name in names:
-                runs[f"{name}/b{b}"].append(timed(runners[name].run, ids[:b]))
-                x = runs[f"{name}/b{b}"][-1]
-                print(f"round {r} {VARIANTS[name]:<18} b{b:<3} {x['tok_s']:7.1f} tok/s, {x['tok_cpu_s']:7.1f} "
-                      f"tok/cpu-s (load {x['load1']:.1f})", flush=True)
-    res = {"config": vars(args), "prompt_tokens": [len(p) for p in ids], "warmup_s": warm, "runs": runs,
-           "median_tok_s": {k: statistics.median(x["tok_s"] for x in v) for k, v in runs.items()},
-           "median_tok_cpu_s": {k: statistics.median(x["tok_cpu_s"] for x in v) for k, v in runs.items()}}
-    if "compiled" in names:
-        res["compile_s"] = {f"b{b}": warm[f"compiled/b{b}"] - statistics.median(
-            x["seconds"] for x in runs[f"compiled/b{b}"]) for b in batches}
-    if len(names) > 1 and names[-1] != "hf":
-        res["logprob_gap"] = logprob_gap(runners[names[-1]], hf, ids[:batches[-1]])
-    res["load1"] = [x["load1"] for v in runs.values() for x in v]
-    return res
+    ctx, procs, conns = mp.get_context("spawn"), [], {}
+    for name in names:  # one process per variant; they take turns, never run at once
+        parent, child = ctx.Pipe()
+        procs.append(ctx.Process(target=serve_variant, args=(name, args, ids, max_seq, child), daemon=True))
+        procs[-1].start()
+        assert parent.recv() == "ready"
+        conns[name] = parent
+
+    def ask(name, kind, b):
+        conns[name].send((kind, b))
+        return conns[name].recv()
+
+    try:
+        warm = {}
+        for name in names:  # warm-up: first calls (and compiles) are not in the table
+            for b in batches:
+                warm[f"{name}/b{b}"] = ask(name, "run", b)["seconds"]
+                print(f"warm-up {VARIANTS[name]} b{b}: {warm[f'{name}/b{b}']:.1f} s", flush=True)
+        runs = {f"{n}/b{b}": [] for n in names for b in batches}
+        for r in range(args.repeats):
+            for b in batches:
+                for name in names:
+                    x = ask(name, "run", b)
+                    runs[f"{name}/b{b}"].append(x)
+                    print(f"round {r} {VARIANTS[name]:<18} b{b:<3} {x['tok_s']:7.1f} tok/s, {x['tok_cpu_s']:7.1f} "
+                          f"tok/cpu-s (load {x['load1']:.1f})", flush=True)
+        res = {"config": vars(args), "prompt_tokens": [len(p) for p in ids], "warmup_s": warm, "runs": runs,
+               "median_tok_s": {k: statistics.median(x["tok_s"] for x in v) for k, v in runs.items()},
+               "median_tok_cpu_s": {k: statistics.median(x["tok_cpu_s"] for x in v) for k, v in runs.items()}}
+        if "compiled" in names:
+            res["compile_s"] = {f"b{b}": warm[f"compiled/b{b}"] - statistics.median(
+                x["seconds"] for x in runs[f"compiled/b{b}"]) for b in batches}
+        if names[-1] != "hf":
+            res["logprob_gap"] = ask(names[-1], "gap", batches[-1])
+        res["load1"] = [x["load1"] for v in runs.values() for x in v]
+        return res
+    finally:
+        for name in names:
+            conns[name].send(None)
+        for proc in procs:
+            proc.join(timeout=30)
 
 
 def print_table(res: dict) -> None:

@@ -3,8 +3,9 @@
 Owns: ``SlotDecoder``. Each row of the running batch owns a slot of the KV cache (per layer
 [slots, kv_heads, max_seq_len, head_dim] in the model's dtype) and keeps its own position there, so
 rows of different lengths decode side by side with no padding and a row can enter a free slot while
-the others keep decoding (continuous batching, ``rollout/hf_engine.py``). ``prefill`` runs one prompt
-into one slot (eager; K/V of a cached prefix can be copied in first, ``copy``/``restore``);
+the others keep decoding (continuous batching, ``rollout/hf_engine.py``). ``prefill`` runs the prompts
+of rows entering consecutive slots in one pass (eager; K/V of a cached prefix can be copied in first,
+``copy``/``restore``);
 ``decode`` runs one token for slots [0, n) and samples inside the step (``escrag.sampling.sample``),
 compiled with ``torch.compile`` once per sampling parameters (temperature, top-p, top-k).
 
@@ -103,7 +104,7 @@ class SlotDecoder:
         size = min(max(n, 2, 2 * self.slots), max(n, 2, self.max_batch))
         # one LENGTH_STEP of slack: the attended length never reaches the allocated one (a full-length
         # view has other strides and would compile a second graph)
-        shape = (size, self.kv_heads, _round_up(self.max_seq_len) + LENGTH_STEP, self.head_dim)
+        shape = (size, self.kv_heads, self.cache_len, self.head_dim)
         for cache in (self.keys, self.values):
             for i in range(len(self.inner.layers)):
                 new = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -140,15 +141,27 @@ class SlotDecoder:
 
     # ------------------------------------------------------------------ passes
 
+    @property
+    def cache_len(self) -> int:
+        """Positions per slot (a row's prompt + completion + padding of a batched prefill fit)."""
+        return _round_up(self.max_seq_len) + LENGTH_STEP
+
     @torch.inference_mode()
-    def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
-        """Run ``ids[start:]`` at positions start.. of ``slot`` (positions < start already hold the
-        K/V of ``ids[:start]``); returns the logits after the last token, [1, vocab] float32."""
-        x = torch.tensor([ids[start:]], device=self.device)
-        pos = torch.arange(start, len(ids), device=self.device)[None]
-        mask = torch.arange(len(ids), device=self.device) <= pos[..., None]  # [1, T, len(ids)]
-        hidden = self._forward(x, pos, mask, slot)
-        return self._logits(hidden[:, -1]).float()
+    def prefill(self, first: int, prompts: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Run ``prompts[i][starts[i]:]`` at positions starts[i].. of slot ``first + i`` (positions
+        below start already hold the K/V of the prefix), all rows in one pass; returns the logits after
+        each prompt's last token, [n, vocab] float32. Shorter rows are padded at their end: the padding
+        writes K/V past the prompt, where a row writes each position before it attends it."""
+        lens = [len(p) - s for p, s in zip(prompts, starts)]
+        t = max(lens)
+        if max(starts) + t > self.cache_len:
+            raise ValueError(f"prefill past the cache: start {max(starts)} + {t} tokens > {self.cache_len}")
+        ids = torch.tensor([p[s:] + [0] * (t - n) for p, s, n in zip(prompts, starts, lens)], device=self.device)
+        pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)
+        mask = torch.arange(max(starts) + t, device=self.device) <= pos[..., None]  # [n, T, kv_len]
+        hidden = self._forward(ids, pos, mask, first)
+        last = hidden[torch.arange(len(prompts)), torch.tensor(lens, device=self.device) - 1]
+        return self._logits(last).float()
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int], seeds: list[int], steps: list[int],

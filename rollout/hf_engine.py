@@ -13,7 +13,7 @@ on this 2-core CPU a SmolLM2 decode step at batch 8 took 68 ms instead of 38 ms.
 when the engine is closed or garbage-collected.
 
 How a batch runs. Requests (sync or async) queue their rows; the engine thread loops: admit waiting
-rows into free slots (prefill, first token), run one decode step for the live rows, retire the rows
+rows into free slots (one batched prefill of their prompts, first token), run one decode step for the live rows, retire the rows
 that finished (EOS, a stop string, ``max_new_tokens``, or ``rollout.max_seq_len``) and move the last
 live rows into their slots, so finished rows cost nothing and live rows stay packed in [0, n). A
 request's future resolves when its last row finishes; meanwhile rows of other requests join, so an
@@ -59,6 +59,8 @@ from rollout.engine import Generation, GenerationEngine, SamplingParams, stop_po
 
 STOP_TAIL_TOKENS = 16  # tokens decoded per step to look for a stop string that just completed
 MIN_REUSE = 16  # shortest cached prefix worth copying instead of recomputing
+PREFILL_TOKENS = 4096  # rows x padded length of one batched prefill pass
+PREFILL_PAD = 0.3  # at most this fraction of padding over the real tokens of a pass
 
 
 class HFEngine(GenerationEngine):
@@ -75,8 +77,10 @@ class HFEngine(GenerationEngine):
         self._live: list[_Row] = []  # row i decodes in slot i; only the engine thread touches it
         self._front: AsyncFront | None = None
         # steps: decode passes; decode_rows: live rows over them; joined_running: rows admitted while
-        # others were mid-decode; prefill_tokens / reused_tokens: prompt tokens computed / copied
-        self.stats = dict.fromkeys(("steps", "decode_rows", "joined_running", "prefill_tokens", "reused_tokens"), 0)
+        # others were mid-decode; prefill_passes: batched prefills; prefill_tokens / reused_tokens:
+        # prompt tokens computed / copied
+        self.stats = dict.fromkeys(("steps", "decode_rows", "joined_running", "prefill_passes", "prefill_tokens",
+                                    "reused_tokens"), 0)
         self._thread = threading.Thread(target=_engine_thread, args=(weakref.ref(self), self._queue),
                                         name="hf-engine", daemon=True)
         self._thread.start()
@@ -219,27 +223,47 @@ class HFEngine(GenerationEngine):
         return [r.request for r in done if r.request.row_done()]
 
     def _admit(self) -> list[_Row]:
-        done = []
-        while len(self._live) < self.max_batch:
+        """Move waiting rows into free slots: one batched prefill, then each row's first token."""
+        live, rows, starts = self._live, [], []
+        while len(live) + len(rows) < self.max_batch:
             with self._queue:
-                if not self._waiting or (self._live and self._waiting[0].key != self._live[0].key):
+                if not self._waiting or self._waiting[0].key != (live or rows or self._waiting)[0].key:
                     break
-                row = self._waiting.popleft()
-            slot = len(self._live)
-            self.stats["joined_running"] += any(len(r.token_ids) > 1 for r in self._live)
+                row = self._waiting[0]
+            start, source = self._reuse(row)
+            if rows and not self._fits(row, start, rows, starts):
+                break
+            with self._queue:
+                self._waiting.popleft()
+            slot = len(live) + len(rows)
             self.decoder.reserve(slot + 1)
-            logits = self._prefill(row, slot)
-            p = row.request.params
-            tok, logp = sample(logits, p.temperature, p.top_p, p.top_k, torch.tensor([row.seed]),
-                               torch.zeros(1, dtype=torch.long))
-            self._live.append(row)
-            if self._advance(row, int(tok), float(logp)):
-                done.append(row)
-                self._retire([slot])
+            if isinstance(source, int):
+                self.decoder.copy(source, slot, start)
+            elif source is not None:
+                self.decoder.restore(source, slot, start)
+            rows.append(row)
+            starts.append(start)
+            self.stats["prefill_tokens"] += len(row.prompt) - start
+            self.stats["reused_tokens"] += start
+        if not rows:
+            return []
+        self.stats["joined_running"] += len(rows) * any(len(r.token_ids) > 1 for r in live)
+        logits = self.decoder.prefill(len(live), [r.prompt for r in rows], starts)
+        self.stats["prefill_passes"] += 1
+        p = rows[0].request.params
+        toks, logps = sample(logits, p.temperature, p.top_p, p.top_k, torch.tensor([r.seed for r in rows]),
+                             torch.zeros(len(rows), dtype=torch.long))
+        first = len(live)
+        live.extend(rows)
+        finished = [first + i for i, (r, t, lp) in enumerate(zip(rows, toks.tolist(), logps.tolist()))
+                    if self._advance(r, t, lp)]
+        done = [live[i] for i in finished]
+        self._retire(finished)
         return done
 
-    def _prefill(self, row: _Row, slot: int) -> torch.Tensor:
-        """Prefill ``row``'s prompt into ``slot``, copying the K/V of the longest cached prefix."""
+    def _reuse(self, row: _Row) -> tuple[int, int | torch.Tensor | None]:
+        """The longest cached prefix of ``row``'s prompt: (length, live slot or saved K/V); (0, None)
+        when shorter than ``MIN_REUSE``."""
         prompt, best, source = row.prompt, 0, None
         for i, other in enumerate(self._live):  # live rows: K/V valid for positions < pos
             n = common_prefix(prompt, other.tokens(), min(other.pos, len(prompt) - 1))
@@ -248,15 +272,20 @@ class HFEngine(GenerationEngine):
         hit = self.prefix_cache.find(prompt, len(prompt) - 1)
         if hit[0] > best:
             best, source = hit
-        if best < MIN_REUSE:
-            best = 0
-        elif isinstance(source, int):
-            self.decoder.copy(source, slot, best)
-        else:
-            self.decoder.restore(source, slot, best)
-        self.stats["prefill_tokens"] += len(prompt) - best
-        self.stats["reused_tokens"] += best
-        return self.decoder.prefill(slot, prompt, best)
+        return (best, source) if best >= MIN_REUSE else (0, None)
+
+    def _fits(self, row: _Row, start: int, rows: list[_Row], starts: list[int]) -> bool:
+        """Whether ``row`` joins this prefill pass: not when it shares most of its prompt with a row
+        of the pass (it waits one step and copies that row's K/V: the N samples of a prompt prefill it
+        once), nor when padding to the longest row would waste more than ``PREFILL_PAD`` of the pass,
+        nor past its token budget or the cache."""
+        shared = max(common_prefix(row.prompt, r.prompt, len(row.prompt) - 1) for r in rows)
+        if shared > start and 2 * shared >= len(row.prompt):
+            return False
+        lens = [len(row.prompt) - start, *(len(r.prompt) - s for r, s in zip(rows, starts))]
+        padded = len(lens) * max(lens)
+        return (padded <= PREFILL_TOKENS and padded <= (1 + PREFILL_PAD) * sum(lens)
+                and max(start, *starts) + max(lens) <= self.decoder.cache_len)
 
     def _step(self) -> list[_Row]:
         live = self._live

@@ -137,6 +137,28 @@ def test_rows_joining_mid_decode_draw_what_they_draw_alone(engine):
     assert gen_b[0].logprobs == pytest.approx(alone_b[0].logprobs, abs=1e-5)
 
 
+def test_rows_entering_together_share_one_prefill_pass(engine):
+    prompts = [PROMPTS[0], [1, 9519, 28, 940, 446, 2, 77, 78], [1, 77, 78, 79, 80, 81, 82, 83, 84]]
+    alone = [engine.generate([p], params(8), seeds=[s])[0] for p, s in zip(prompts, [21, 22, 23])]
+    before = dict(engine.stats)
+    together = engine.generate(prompts, params(8), seeds=[21, 22, 23])  # padded to 9 tokens in one pass
+    assert engine.stats["prefill_passes"] - before["prefill_passes"] == 1
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    for g, a in zip(together, alone):
+        assert g.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+
+
+def test_samples_of_one_prompt_prefill_it_once(tiny_model):
+    fresh = HFEngine(tiny_model, RO, seed=0)
+    prompt = PROMPTS[0] * 3  # 27 tokens: past MIN_REUSE
+    gens = fresh.generate([prompt] * 4, params(6), seeds=[1, 2, 3, 4])
+    # the first row prefills the prompt; the other three wait one step and copy all but its last token
+    assert fresh.stats["prefill_passes"] == 2
+    assert fresh.stats["prefill_tokens"] == len(prompt) + 3 and fresh.stats["reused_tokens"] == 3 * (len(prompt) - 1)
+    alone = [fresh.generate([prompt], params(6), seeds=[s])[0] for s in (1, 2, 3, 4)]
+    assert [g.token_ids for g in gens] == [a.token_ids for a in alone]
+
+
 def test_async_front_batches_concurrent_requests_and_drops_finished_rows(engine):
     front = engine.scheduler()
     assert front is engine.scheduler() and front.tokenizer is engine.tokenizer
@@ -180,7 +202,7 @@ def test_stage2_prompt_reuses_the_kv_of_its_stage1_row(tiny_model):
 def test_slot_forward_matches_hf_forward(engine):
     prompt = PROMPTS[0]
     engine.decoder.reserve(1)
-    logits = engine.decoder.prefill(0, prompt, 0)  # no row is live: slot 0 is free
+    logits = engine.decoder.prefill(0, [prompt], [0])  # no row is live: slot 0 is free
     with torch.no_grad():
         want = engine.model(torch.tensor([prompt])).logits[0, -1]
     assert torch.allclose(logits[0], want, atol=1e-5)
