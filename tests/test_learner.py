@@ -69,6 +69,11 @@ def test_recomputed_old_logprobs_replace_the_behaviour_ones(tiny_model, engine):
     assert plain["ratio_mean"] > 1.1  # the gap shows up as ratio noise without recomputation
     assert again["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # π_old = π_θ before the first pass
     assert again["logp_diff"] == pytest.approx(0.25, abs=0.02)  # half the tokens are 0.5 off
+    # with one pass π_old is that pass's own log-probs; with two, a separate forward: the same first pass
+    twice = Learner(_cfg(tiny_model, "grpo.recompute_old_logprobs=true", "grpo.updates_per_batch=2")).step(groups)
+    assert twice["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and twice["optimizer_steps"] == 2
+    assert twice["logp_diff"] == pytest.approx(again["logp_diff"], abs=1e-6)
+    assert twice["grad_norm"] == pytest.approx(again["grad_norm"], rel=1e-5)
 
 
 def test_auto_recompute_follows_the_engine_precision(tiny_model):

@@ -15,7 +15,9 @@ whose ``loss_mask`` is 1 (masks are set by the rollout) and exports weights for 
   with ``grpo.recompute_old_logprobs`` (default: on for the vLLM engine, whose bfloat16 kernels and
   truncated log-probs differ from ours, and for a transformers engine running in another precision
   than the learner, e.g. ``rollout.dtype: auto`` = bfloat16 on this CPU against a float32
-  ``policy.dtype``), the learner's own log-probs before its first pass.
+  ``policy.dtype``), the learner's own log-probs before its first pass: with one pass per batch
+  (``grpo.updates_per_batch`` 1, the default) the first pass's own log-probs, detached, as TRL does
+  for one iteration (no extra forward).
   ``logp_diff`` is the mean absolute gap between the two, a check that rollout and learner agree.
 - Groups whose rewards are all equal have zero advantage; they are skipped (their KL term too) and
   counted as ``zero_adv_groups``. A batch with nothing left makes no optimizer step.
@@ -146,14 +148,15 @@ class Learner:
         keep, seqs = self._keep(batch), [s for s, _ in batch]
         mask, behaviour = self._tails(batch, keep)
         old = behaviour
-        if self.recompute:
+        if self.recompute and self.cfg.grpo.updates_per_batch > 1:
             with torch.no_grad():
                 old = self.sequence_logprobs(seqs, keep)
+        elif self.recompute:  # one pass: π_old is the policy as it enters it, its own log-probs (detached)
+            old = None
         ref = self.sequence_logprobs(seqs, keep, reference=True) if self.cfg.grpo.kl_coef > 0 else None
         adv = torch.tensor([a for _, a in batch], device=mask.device)
-        return {"keep": keep, "mask": mask, "old": old, "ref": ref, "adv": adv,
-                "behaviour": behaviour if self.decoupled else None,
-                "gap": ((old - behaviour).abs() * mask).sum().item() if self.recompute else None}
+        return {"keep": keep, "mask": mask, "old": old, "ref": ref, "adv": adv, "recorded": behaviour,
+                "behaviour": behaviour if self.decoupled else None}
 
     def _pass(self, micro, prepared, denom: float, first: bool) -> dict:
         """One optimizer step over all micro-batches (gradient accumulation); returns summed metrics."""
@@ -162,6 +165,8 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         for batch, mb in zip(micro, prepared):
             logp = self.sequence_logprobs([s for s, _ in batch], mb["keep"])
+            if mb["old"] is None:
+                mb["old"] = logp.detach()  # later passes of this batch keep it
             loss, m = policy_loss(logp, mb["old"], mb["ref"], mb["adv"], mb["mask"], g.clip_eps, g.kl_coef,
                                   g.ratio_level, g.loss_agg, denom, mb["behaviour"], g.behaviour_weight_cap)
             loss.backward()
@@ -173,8 +178,8 @@ class Learner:
                 sums["iw_max"] = max(sums.get("iw_max", 0.0), m["iw_max"].item())
             sums["loss"] = sums.get("loss", 0.0) + loss.item()
             sums["tokens"] = sums.get("tokens", 0.0) + n
-            if first:
-                gap = mb["gap"] if mb["gap"] is not None else ((logp.detach() - mb["old"]).abs() * mb["mask"]).sum().item()
+            if first:  # the learner's log-probs before the update against the recorded ones
+                gap = ((logp.detach() - mb["recorded"]).abs() * mb["mask"]).sum().item()
                 sums["logp_diff"] = sums.get("logp_diff", 0.0) + gap
         sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, g.max_grad_norm))
         self.optimizer.step()
