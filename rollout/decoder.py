@@ -84,9 +84,17 @@ class SlotDecoder:
         self.slots = 0
         self.compiled = ro.compile
         self.packed = self.device.type == "cpu" and self.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+        self.fused: list[tuple] = []  # per layer (qkv, gate_up): FusedLinear keys and biases (packed path)
+        self._fused: dict[int, FusedLinear] = {}  # member weight or bias data_ptr -> its fused linear
         if self.packed:
+            for layer in self.inner.layers:
+                a, mlp = layer.self_attn, layer.mlp
+                qkv, gate_up = FusedLinear([a.q_proj, a.k_proj, a.v_proj]), FusedLinear([mlp.gate_proj, mlp.up_proj])
+                self.fused.append((qkv.key, qkv.bias, gate_up.key, gate_up.bias))
+                for f in (qkv, gate_up):
+                    self._fused.update({t.data_ptr(): f for t in f.members()})
             for m in model.modules():
-                if isinstance(m, torch.nn.Linear):
+                if isinstance(m, torch.nn.Linear) and m.weight.data_ptr() not in self._fused:
                     pack_weight(m.weight)
         self._step = self._decode_step
         if ro.compile:
@@ -135,6 +143,8 @@ class SlotDecoder:
     def repack(self, weights: list[torch.Tensor]) -> None:
         """Refresh the oneDNN-packed copies of those of ``weights`` that have one (after an in-place
         weight load)."""
+        for f in {id(f): f for w in weights if (f := self._fused.get(w.data_ptr()))}.values():
+            f.refresh()
         for w in weights:
             if w.data_ptr() in _PACKED:
                 pack_weight(w)
@@ -199,32 +209,38 @@ class SlotDecoder:
         groups, kv_len = self.heads // self.kv_heads, mask.shape[-1]
         mask = mask[:, None, None].expand(n, 1, groups, t, kv_len).reshape(n, 1, groups * t, kv_len)
         rows = torch.arange(first, first + n, device=ids.device)[:, None]
-        for layer, k_cache, v_cache in zip(self.inner.layers, self.keys, self.values):
-            q, k, v = _qkv(layer, x, cos, sin, self.heads, self.kv_heads, self.packed)
+        for i, (layer, k_cache, v_cache) in enumerate(zip(self.inner.layers, self.keys, self.values)):
+            fused = self.fused[i] if self.fused else None
+            q, k, v = _qkv(layer, x, cos, sin, self.heads, self.kv_heads, fused)
             k_cache[rows, :, pos] = k  # [n, T, kv_heads, D] at each row's positions
             v_cache[rows, :, pos] = v
             keys, values = k_cache[first:first + n, :, :kv_len], v_cache[first:first + n, :, :kv_len]
-            x = _attend_and_mlp(layer, x, q, keys, values, mask, self.heads, self.kv_heads, self.packed)
+            x = _attend_and_mlp(layer, x, q, keys, values, mask, self.heads, self.kv_heads, fused)
         return x
 
 
 # Under torch.compile each of these is compiled once and stamped out for every layer. The cache
 # writes stay outside them: nested regions that mutate their inputs lose the dynamic batch size.
 @torch.compiler.nested_compile_region
-def _qkv(layer, x, cos, sin, heads: int, kv_heads: int, packed: bool):
-    """Pre-norm, projections, rotary embedding: q [n, H, T, D]; k, v [n, T, kv_heads, D]."""
+def _qkv(layer, x, cos, sin, heads: int, kv_heads: int, fused: tuple | None):
+    """Pre-norm, projections (one fused matmul on the packed path), rotary embedding: q [n, H, T, D];
+    k, v [n, T, kv_heads, D]."""
     attn, (n, t, _) = layer.self_attn, x.shape
     h = layer.input_layernorm(x)
-    q = _linear(attn.q_proj, h, packed).view(n, t, heads, -1)
-    k = _linear(attn.k_proj, h, packed).view(n, t, kv_heads, -1)
-    v = _linear(attn.v_proj, h, packed).view(n, t, kv_heads, -1)
+    if fused is not None:
+        sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+        q, k, v = packed_linear(h, fused[0], fused[1]).split(sizes, dim=-1)
+        v = v.contiguous()  # a region's output must not be a view of its intermediate (torch 2.13: NaN)
+    else:
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    q, k, v = q.view(n, t, heads, -1), k.view(n, t, kv_heads, -1), v.view(n, t, kv_heads, -1)
     if hasattr(attn, "q_norm"):  # Qwen3
         q, k = attn.q_norm(q), attn.k_norm(k)
     return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin).transpose(1, 2), v
 
 
 @torch.compiler.nested_compile_region
-def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int, packed: bool):
+def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int, fused: tuple | None):
     """Attention of q over the rows' cached K/V (grouped queries as rows of their K/V head), the
     output projection, then the MLP, with pre-norm residuals."""
     attn, (n, t, _) = layer.self_attn, x.shape
@@ -232,10 +248,14 @@ def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int, 
     q = q.reshape(n, kv_heads, heads // kv_heads * t, head_dim)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
     out = out.view(n, heads, t, head_dim).transpose(1, 2).reshape(n, t, -1)
+    packed = fused is not None
     x = x + _linear(attn.o_proj, out, packed)
     mlp, h = layer.mlp, layer.post_attention_layernorm(x)  # Llama-family MLP: down(act(gate) * up)
-    return x + _linear(mlp.down_proj, mlp.act_fn(_linear(mlp.gate_proj, h, packed)) * _linear(mlp.up_proj, h, packed),
-                       packed)
+    if packed:
+        gate, up = packed_linear(h, fused[2], fused[3]).chunk(2, dim=-1)
+    else:
+        gate, up = mlp.gate_proj(h), mlp.up_proj(h)
+    return x + _linear(mlp.down_proj, mlp.act_fn(gate) * up, packed)
 
 
 # ------------------------------------------------------------------ oneDNN-packed linears (CPU bf16)
@@ -265,6 +285,33 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 @packed_linear.register_fake
 def _(x, weight, bias):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+class FusedLinear:
+    """Linears that read the same input (q/k/v, gate/up) as one packed matmul over their concatenated
+    weights: 3 and 2 oneDNN calls become one each (at batch 8 a SmolLM2 projection is a few dozen
+    microseconds, mostly per-call cost). ``key`` stands for the fused weight in ``packed_linear`` (its
+    shape gives the output size); ``refresh`` re-packs after the members' weights change in place."""
+
+    def __init__(self, linears: list[torch.nn.Linear]):
+        self.linears = linears
+        w = linears[0].weight
+        self.key = torch.empty(sum(m.out_features for m in linears), 1, dtype=w.dtype, device=w.device)
+        weakref.finalize(self.key, _PACKED.pop, self.key.data_ptr(), None)
+        has_bias = any(m.bias is not None for m in linears)
+        self.bias = torch.zeros(self.key.shape[0], dtype=w.dtype, device=w.device) if has_bias else None
+        self.refresh()
+
+    def members(self) -> list[torch.Tensor]:
+        return [t for m in self.linears for t in (m.weight, m.bias) if t is not None]
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        weight = torch.cat([m.weight.detach() for m in self.linears])
+        _PACKED[self.key.data_ptr()] = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        if self.bias is not None:  # in place: compiled graphs read this tensor
+            self.bias.copy_(torch.cat([m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0])
+                                       for m in self.linears]))
 
 
 def _linear(module: torch.nn.Linear, x: torch.Tensor, packed: bool) -> torch.Tensor:
