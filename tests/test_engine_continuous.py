@@ -137,6 +137,25 @@ def test_rows_joining_mid_decode_draw_what_they_draw_alone(engine):
     assert gen_b[0].logprobs == pytest.approx(alone_b[0].logprobs, abs=1e-5)
 
 
+def test_engine_thread_runs_calls_and_ends_with_the_engine(tiny_model):
+    import gc
+
+    own = HFEngine(tiny_model, RO, seed=0)
+    thread = own.call(threading.current_thread)
+    assert thread is not threading.current_thread() and thread.name == "hf-engine"
+    with pytest.raises(ZeroDivisionError):  # a call's error reaches the caller; the thread goes on
+        own.call(lambda: 1 / 0)
+    assert own.generate([PROMPTS[0]], params(3), seeds=[1])[0].token_ids
+    del own
+    gc.collect()
+    thread.join(timeout=5)  # it held the engine only while working
+    assert not thread.is_alive()
+    closed = HFEngine(tiny_model, RO, seed=0)
+    closed.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        closed.generate([PROMPTS[0]], params(3), seeds=[1])
+
+
 def test_rows_entering_together_share_one_prefill_pass(engine):
     prompts = [PROMPTS[0], [1, 9519, 28, 940, 446, 2, 77, 78], [1, 77, 78, 79, 80, 81, 82, 83, 84]]
     alone = [engine.generate([p], params(8), seeds=[s])[0] for p, s in zip(prompts, [21, 22, 23])]

@@ -12,6 +12,7 @@
 Run: .venv/bin/python -m pytest -q tests/test_layers.py"""
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,15 @@ def test_the_rules_catch_a_violation(tmp_path):
     assert not _allowed("escrag", "rollout.episode") and not _allowed("escrag", "trainer.learner")
     assert ("rollout.episode", ["_ACTION"]) in found
     assert _allowed("rollout", "reward_server.client") and not _allowed("rollout", "reward_server.model")
+
+
+def test_escrag_sets_a_short_openmp_spin_before_torch_loads():
+    import subprocess
+    import sys
+
+    code = "import escrag, os, torch; print(os.environ['GOMP_SPINCOUNT'])"
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "20000"
+    assert subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "7"}, capture_output=True,
+                          text=True, check=True).stdout.strip() == "7"  # the user's value stays
