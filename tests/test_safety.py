@@ -47,7 +47,9 @@ def test_tuning_set_covers_every_category_and_kind():
 
 
 def test_no_evaluation_case_is_in_the_tuning_data(clf):
-    tuning, ev = load_cases("tuning"), load_cases("eval")
+    from escrag.safety import SAFETY_DIR
+
+    tuning, ev = load_cases("tuning") + load_cases(SAFETY_DIR / "tuning-round6.jsonl"), load_cases("eval")
     assert all(c["id"].startswith("eval-") for c in ev) and len(ev) >= 160
     assert sum(c["label"] == "high" for c in ev) >= 80 and sum(c["label"] == "not_high" for c in ev) >= 80
     assert shared_turn_sequences(ev, tuning) == []  # no equal run of turns (normalised)
