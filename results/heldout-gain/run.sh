@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's recipe: does GRPO beat its SFT start on held-out states, beyond the noise?
+# Issue 12's recipe: GRPO beats its SFT start on held-out states beyond the noise (README.md here).
 #   bash results/heldout-gain/run.sh        (from the repository root, after `make install`)
 # The demo's whole path on this config (pairs -> index -> RM -> SFT -> GRPO -> held-out SFT vs GRPO);
 # resumable like the demo (pipeline manifest, GRPO checkpoints). Outputs: runs/heldout-gain/, copied here.
