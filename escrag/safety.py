@@ -19,7 +19,13 @@ How a conversation is read (every client turn, not only the last one):
    sentences, fitted on the tuning set with multiple-instance rounds (a high conversation needs only
    one high sentence). It catches phrasings the rules lack; a sentence the rules found negated, past,
    fictional or idiomatic is capped at elevated.
-The conversation's level is the highest level found; ``reasons`` says what fired on which words.
+The level of 1-4 is the highest level found; ``reasons`` says what fired on which words.
+5. The conversation head (``escrag.safety_conv``, ``safety.backbone``): P(high) from a language
+   model's reading of the whole conversation. High when it is sure (``conv_high``), or when 1-4 said
+   high and it agrees at least a little (``conv_confirm``; below that, 1-4's high is lowered to
+   elevated, except a yes to the counselor's direct question, ``FIRM``); at least elevated above
+   ``conv_elevated``. On round 6's dev half this cut the misses
+   and the false alarms of 1-4 alone (results/safety-designs).
 
 A screening aid that errs towards flagging, not a clinical instrument. The paper has no safety
 layer; this is ours.
@@ -39,6 +45,7 @@ import numpy as np
 
 from escrag import safety_rules as R
 from escrag.data import DataError, read_jsonl
+from escrag.safety_conv import Backbone, ConversationHead, load_or_fit_conv_head
 
 LEVELS = ("none", "elevated", "high")
 CATEGORIES = ("suicide", "self_harm", "harm_to_others", "abuse", "medical")
@@ -54,6 +61,7 @@ class RiskAssessment:
     level: str = "none"  # one of LEVELS
     categories: list[str] = field(default_factory=list)  # categories that reached ``level``
     reasons: list[str] = field(default_factory=list)  # what fired, on which words, in which turn
+    firm: bool = False  # high from a finding the conversation head may not lower (``FIRM``)
 
     def to_dict(self) -> dict:
         return {"risk": self.level, "categories": list(self.categories), "reasons": list(self.reasons)}
@@ -71,6 +79,9 @@ class Hit:
         return f"{self.category}/{self.name} ({self.level}) in client turn {self.turn + 1}: '{self.text[:100]}'"
 
 
+FIRM = ("answer_to_question",)  # a yes to the counselor's direct risk question: high whatever layer 5 reads
+
+
 def _assessment(hits: list[Hit]) -> RiskAssessment:
     rank = {"cue": 1, "elevated": 1, "high": 2}
     if not hits:
@@ -80,7 +91,7 @@ def _assessment(hits: list[Hit]) -> RiskAssessment:
     cats = [c for c in CATEGORIES if any(h.category == c and rank[h.level] == top for h in hits)]
     shown = sorted(hits, key=lambda h: -rank[h.level])
     reasons = list(dict.fromkeys(h.reason() for h in shown))[:12]
-    return RiskAssessment(level, cats, reasons)
+    return RiskAssessment(level, cats, reasons, any(h.level == "high" and h.name in FIRM for h in hits))
 
 
 # ------------------------------------------------------------------------------ rules over turns
@@ -247,6 +258,23 @@ def rule_hits(history: list[dict]) -> tuple[list[Hit], list[tuple[int, str, set[
     return hits, sentences
 
 
+def with_conversation(a: RiskAssessment, p: np.ndarray, sc) -> RiskAssessment:
+    """Layer 5 over the level of layers 1-4 (``a``), given the conversation head's [6] probabilities
+    (not high, then CATEGORIES) and the ``safety`` config section."""
+    p_high, cat = float(1.0 - p[0]), CATEGORIES[int(np.argmax(p[1:]))]
+    why = f"conversation head p={p_high:.2f} ({cat})"
+    if a.level == "high" and (a.firm or p_high >= sc.conv_confirm):
+        return RiskAssessment("high", a.categories, a.reasons + [why])
+    if p_high >= sc.conv_high:
+        return RiskAssessment("high", [cat], [why] + a.reasons)
+    if a.level == "high":
+        return RiskAssessment("elevated", a.categories, [f"{why}: below {sc.conv_confirm}, the high findings "
+                                                         f"below count as elevated"] + a.reasons)
+    if p_high >= sc.conv_elevated:
+        return RiskAssessment("elevated", a.categories if a.level == "elevated" else [cat], a.reasons + [why])
+    return a
+
+
 def with_answer(history: list[dict], answer: str) -> list[dict]:
     """The conversation followed by the counselor's answer, for the risk metric of rollouts and
     evaluation answers. The check reads client turns only, so the answer goes in as one more turn:
@@ -268,9 +296,11 @@ def level_counts(assessments: list[RiskAssessment]) -> dict:
 
 
 def resolve_cases(name_or_path: str | Path) -> Path:
-    """``tuning`` / ``eval`` name the bundled files under data/safety/; anything else is a path."""
-    if str(name_or_path) in ("tuning", "eval"):
-        return SAFETY_DIR / f"{name_or_path}.jsonl"
+    """A bare name (``tuning``, ``tuning-round6``, ``eval``) is a bundled file under data/safety/;
+    anything else is a path."""
+    bundled = SAFETY_DIR / f"{name_or_path}.jsonl"
+    if "/" not in str(name_or_path) and not str(name_or_path).endswith(".jsonl") and bundled.is_file():
+        return bundled
     return Path(name_or_path)
 
 
@@ -368,25 +398,32 @@ def _inline(fn, *args):
 class RiskClassifier:
     """``RiskClassifier.from_config(cfg)`` once per process, then ``assess(history)``."""
 
-    def __init__(self, cfg, embedder=None, head: EmbeddingHead | None = None, run=None):
-        """``run(fn, *args)``: where the embedder's torch work runs (default: the calling thread); a
+    def __init__(self, cfg, embedder=None, head: EmbeddingHead | None = None, run=None,
+                 backbone: Backbone | None = None, conv: ConversationHead | None = None):
+        """``run(fn, *args)``: where the models' torch work runs (default: the calling thread); a
         process that hosts a transformers engine passes ``engine.call`` (one OpenMP pool,
         ``rollout/hf_engine.py``)."""
         self.cfg, self.embedder, self.head = cfg, embedder, head  # cfg: escrag.config.SafetyConfig
+        self.backbone, self.conv = backbone, conv  # the conversation head (layer 5), or None
         self._run = run or _inline
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @classmethod
     def from_config(cls, cfg, run=None) -> RiskClassifier:
         """From a full ``Config`` (its ``safety`` section) or a ``SafetyConfig``: loads the embedder and
-        the head fitted on ``safety.tuning`` (cached under $ESCRAG_CACHE; fitted on first use)."""
+        the head fitted on ``safety.tuning``, and the backbone and the conversation head fitted on
+        ``safety.conv_tuning`` (both cached under $ESCRAG_CACHE; fitted on first use)."""
         sc, run = getattr(cfg, "safety", cfg), run or _inline
-        if not sc.head:
-            return cls(sc)
-        from escrag.embed import load_embedder
+        embedder = head = backbone = conv = None
+        if sc.head:
+            from escrag.embed import load_embedder
 
-        embedder = run(load_embedder, sc.embedder)
-        return cls(sc, embedder, run(load_or_fit_head, sc, embedder), run)
+            embedder = run(load_embedder, sc.embedder)
+            head = run(load_or_fit_head, sc, embedder)
+        if sc.backbone:
+            backbone = run(Backbone, sc.backbone, sc.conv_layers, sc.conv_batch)
+            conv = run(load_or_fit_conv_head, sc, backbone)
+        return cls(sc, embedder, head, run, backbone, conv)
 
     def _probs(self, sentences: list[str]) -> np.ndarray:
         todo = list(dict.fromkeys(s for s in sentences if s not in self._cache))
@@ -428,6 +465,9 @@ class RiskClassifier:
                 hits = hits + self._head_hits(sents, probs[i:i + len(sents)], hits)
                 i += len(sents)
             out.append(_assessment(hits))
+        if self.conv is not None and histories:
+            feats = self._run(self.backbone.features, [self._window(h) for h in histories])
+            out = [with_conversation(a, p, self.cfg) for a, p in zip(out, self.conv.probs(feats))]
         return out
 
     def assess(self, history: list[dict]) -> RiskAssessment:

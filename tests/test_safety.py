@@ -14,12 +14,22 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from escrag.config import ConfigError, load_config
 from escrag.data import DataError
 from escrag.models import cache_dir
-from escrag.safety import CATEGORIES, RiskAssessment, RiskClassifier, head_key, load_cases, safety_reply
+from escrag.safety import (
+    CATEGORIES,
+    RiskAssessment,
+    RiskClassifier,
+    head_key,
+    load_cases,
+    safety_reply,
+    with_conversation,
+)
+from escrag.safety_conv import conv_head_key
 from escrag.safety_eval import embedding_duplicates, evaluate, near_duplicates, shared_turn_sequences
 
 
@@ -58,9 +68,9 @@ def test_no_evaluation_case_is_in_the_tuning_data(clf):
 
 
 def test_the_head_is_fitted_on_the_tuning_file_only(tmp_path):
-    """Fit a head on a fresh tuning file (its own cache entry) in a child process that records every
-    file it opens: the tuning file named by ``safety.tuning`` is read, data/safety/eval.jsonl and the
-    bundled tuning file are not."""
+    """Fit both heads on a fresh tuning file (their own cache entries) in a child process that records
+    every file it opens: the file named by ``safety.tuning`` and ``safety.conv_tuning`` is read,
+    data/safety/eval.jsonl and the bundled tuning files are not."""
     cases = load_cases("tuning")
     picked = []
     for cat in CATEGORIES:
@@ -76,18 +86,61 @@ opened = []
 sys.addaudithook(lambda e, a: opened.append(os.fsdecode(a[0])) if e == "open" and isinstance(a[0], (str, os.PathLike)) else None)
 from escrag.config import load_config
 from escrag.safety import RiskClassifier
-cfg = load_config("configs/cpu-test.yaml", ["safety.tuning={mine}"])
+cfg = load_config("configs/cpu-test.yaml", ["safety.tuning={mine}", "safety.conv_tuning=[{mine}]"])
 clf = RiskClassifier.from_config(cfg)
-assert clf.head is not None
-print("\\n".join(p for p in opened if p.endswith(".jsonl") or "safety-head-" in p))
+assert clf.head is not None and clf.conv is not None
+print("\\n".join(p for p in opened if p.endswith(".jsonl") or "safety-head-" in p or "safety-conv-" in p))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     opened = proc.stdout.split("\n")
     assert str(mine) in opened and any("safety-head-" in p for p in opened)  # fitted now, then cached
-    assert not any(p.endswith("eval.jsonl") or p.endswith("data/safety/tuning.jsonl") for p in opened), opened
-    sc = load_config("configs/cpu-test.yaml", [f"safety.tuning={mine}"]).safety
-    shutil.rmtree(cache_dir() / f"safety-head-{head_key(sc, mine)}")  # this file's head is of no further use
+    assert any("safety-conv-" in p for p in opened)
+    assert not any(p.endswith(("eval.jsonl", "data/safety/tuning.jsonl", "tuning-round6.jsonl")) for p in opened), opened
+    sc = load_config("configs/cpu-test.yaml", [f"safety.tuning={mine}", f"safety.conv_tuning=[{mine}]"]).safety
+    shutil.rmtree(cache_dir() / f"safety-head-{head_key(sc, mine)}")  # this file's heads are of no further use
+    shutil.rmtree(cache_dir() / f"safety-conv-{conv_head_key(sc)}")
+
+
+def test_design_study_judges_on_a_dev_half_of_round6_and_never_reads_eval():
+    """results/safety-designs/study.py fits on tuning + half of round 6 and judges on the other half:
+    a group's versions (multi-turn, texting) sit on one side, every category has high and not-high
+    cases on the dev side, and no string in the script (its docstring aside) names the eval set."""
+    import ast
+    import importlib.util
+
+    from escrag.safety import SAFETY_DIR
+
+    path = "results/safety-designs/study.py"
+    spec = importlib.util.spec_from_file_location("safety_design_study", path)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    r6 = load_cases(SAFETY_DIR / "tuning-round6.jsonl")
+    side = {}
+    for c in r6:
+        assert side.setdefault(c["group"], study.dev_group(c)) == study.dev_group(c), c["group"]
+    dev = [c for c in r6 if study.dev_group(c)]
+    assert 0.3 < len(dev) / len(r6) < 0.7
+    for cat in CATEGORIES:
+        assert sum(c["label"] == "high" and c["category"] == cat for c in dev) >= 15, cat
+    assert sum(c["label"] == "not_high" for c in dev) >= 100
+    assert not any(study.dev_group(c) for c in load_cases("tuning"))  # tuning.jsonl is all fit
+    tree = ast.parse(open(path).read())
+    doc = ast.get_docstring(tree, clean=False)
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert not [s for s in strings if s != doc and "eval" in s.lower()], "the study must not read the eval set"
+
+
+def test_conversation_head_is_fitted_without_round6_dev_groups():
+    from escrag.config import SafetyConfig
+    from escrag.safety_conv import dev_group, fit_cases
+
+    paths, fit = fit_cases(SafetyConfig())
+    assert [p.name for p in paths] == ["tuning.jsonl", "tuning-round6.jsonl"]
+    r6 = load_cases("tuning-round6")
+    dev_ids = {c["id"] for c in r6 if dev_group(c)}
+    assert dev_ids and not dev_ids & {c["id"] for c in fit}
+    assert len(fit) == len(load_cases("tuning")) + len(r6) - len(dev_ids)
 
 
 def test_separation_check_catches_copies_light_edits_and_paraphrases(clf):
@@ -173,6 +226,40 @@ def test_assess_many_matches_assess_and_reports_reasons(clf):
     assert batch[0].level == "high" and batch[0].categories == ["suicide"] and batch[0].reasons
     assert batch[1].to_dict() == {"risk": "none", "categories": [], "reasons": []}
     assert batch[2].level == "high" and "abuse" in batch[2].categories
+
+
+def test_backbone_features_do_not_depend_on_the_batch():
+    """A conversation's features are the same alone and padded in a batch of longer ones (right
+    padding, pooled over its own tokens only)."""
+    from escrag.safety_conv import Backbone
+
+    bb = Backbone("tiny-random:llama", [1, 2], batch=4)
+    short, long = _user("hi there"), _user("a much longer message " * 20, "ok", "and a few more words here")
+    alone, together = bb.features([short]), bb.features([long, short, long])
+    assert together.shape == (3, 2 * bb.lm.config.hidden_size)
+    np.testing.assert_allclose(together[1], alone[0], rtol=0.02, atol=0.02)
+    assert np.abs(together[0] - alone[0]).max() > 0.1  # and different conversations differ
+
+
+def test_conversation_head_confirms_lowers_or_raises_the_other_layers(clf):
+    sc = clf.cfg
+
+    def p(p_high, cat):  # [not high, suicide, self_harm, harm_to_others, abuse, medical]
+        out = np.full(6, 0.0)
+        out[0], out[1 + CATEGORIES.index(cat)] = 1 - p_high, p_high
+        return out
+
+    none, high = RiskAssessment(), RiskAssessment("high", ["abuse"], ["abuse/physical (high) ..."])
+    assert with_conversation(none, p(0.99, "suicide"), sc).to_dict()["risk"] == "high"
+    assert with_conversation(none, p(0.99, "suicide"), sc).categories == ["suicide"]
+    assert with_conversation(high, p(0.5, "medical"), sc).categories == ["abuse"]  # confirmed: the rules' category
+    lowered = with_conversation(high, p(0.1, "abuse"), sc)
+    assert lowered.level == "elevated" and "conversation head p=0.10" in lowered.reasons[0]
+    firm = RiskAssessment("high", ["suicide"], ["suicide/answer_to_question (high) ..."], firm=True)
+    assert with_conversation(firm, p(0.01, "suicide"), sc).level == "high"  # a yes to "are you thinking of ..."
+    assert with_conversation(none, p(0.6, "medical"), sc).level == "elevated"
+    assert with_conversation(none, p(0.1, "medical"), sc).level == "none"
+    assert sc.conv_confirm < sc.conv_elevated < sc.conv_high
 
 
 def test_rules_alone_run_without_an_embedder():

@@ -1,0 +1,116 @@
+"""Issue 15's design study: which crisis-check design generalises, judged without the evaluation set.
+
+Run (from the repository root, after ``make install``; ~5 min alone on 2 cores):
+    .venv/bin/python results/safety-designs/study.py [--threads 2]
+Writes results/safety-designs/study.json and prints the table.
+
+Data. Fit = data/safety/tuning.jsonl + the even half of data/safety/tuning-round6.jsonl's groups; dev =
+the odd half (a group is a case with its multi-turn / texting versions, so versions never straddle
+the split; ``dev_group``). Round 6 was written from docs/safety.md's categories and is used by no
+shipped fitting, so the dev half is as unseen by the shipped detector as the evaluation set:
+data/safety/eval.jsonl is never opened here (tests/test_safety.py checks this file names it nowhere).
+
+Designs. The detector before this study (layers 1-4 of escrag/safety.py: rules, then rules + the
+MiniLM sentence head fitted on tuning.jsonl only), a regression over the all-MiniLM-L6-v2 embedding of
+the joined client turns, the conversation head alone (escrag/safety_conv.py: SmolLM2-135M-Instruct
+hidden states at layers 8, 16, 24 averaged over the rendered conversation and a risk question; the
+shipped code and its cached fit), and the detector as shipped (layers 1-5, ``RiskClassifier``). P(high)
+= 1 - P(not high); recall per category and the fraction of not-high cases flagged high at fixed
+thresholds (for a detector's level: 0.5 = elevated or high, above = high).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from escrag.atomic import write_json  # noqa: E402
+from escrag.config import SafetyConfig  # noqa: E402
+from escrag.safety import CATEGORIES, RiskClassifier, load_cases  # noqa: E402
+from escrag.safety_conv import dev_group, fit_cases  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "study.json"
+THRESHOLDS = (0.5, 0.7, 0.85, 0.95)
+LEVEL = {"none": 0.0, "elevated": 0.5, "high": 1.0}
+
+
+def levels(clf: RiskClassifier, cases: list[dict]) -> np.ndarray:
+    return np.array([LEVEL[a.level] for a in clf.assess_many([c["messages"] for c in cases])])
+
+
+def labels(cases: list[dict]) -> np.ndarray:
+    return np.array([0 if c["label"] != "high" else 1 + CATEGORIES.index(c["category"]) for c in cases])
+
+
+def minilm_p_high(fit: list[dict], dev: list[dict], c: float) -> np.ndarray:
+    """A regression over the MiniLM embedding of the joined client turns, fitted like the conversation head."""
+    from escrag.embed import load_embedder
+    from escrag.safety_conv import fit_conversation_head
+
+    emb = load_embedder("packaged:minilm")
+
+    def enc(cases: list[dict]) -> np.ndarray:
+        return emb.encode([" ".join(m["content"] for m in k["messages"] if m["role"] == "user") for k in cases])
+
+    return 1.0 - fit_conversation_head(fit, enc(fit), c).probs(enc(dev))[:, 0]
+
+
+def scores(p_high: np.ndarray, y: np.ndarray) -> dict:
+    from sklearn.metrics import roc_auc_score
+
+    out = {"auc": round(float(roc_auc_score(y > 0, p_high)), 4)} if len(set(p_high)) > 2 else {}
+    for t in THRESHOLDS:
+        pred = p_high >= t
+        recall = {cat: round(float(pred[y == i + 1].mean()), 3) for i, cat in enumerate(CATEGORIES)}
+        out[f"t={t}"] = {"recall": recall, "min_recall": min(recall.values()),
+                         "not_high_flagged_high": round(float(pred[y == 0].mean()), 3)}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    args = p.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    sc = SafetyConfig()
+    _, fit = fit_cases(sc)
+    dev = [c for c in load_cases("tuning-round6") if dev_group(c)]
+    shipped = RiskClassifier.from_config(sc)  # fits and caches the conversation head on `fit` (first run)
+    before = RiskClassifier(dataclasses.replace(sc, backbone=None), shipped.embedder, shipped.head)
+    rules = RiskClassifier(dataclasses.replace(sc, head=False, backbone=None))
+    designs = {
+        "before: rules only": levels(rules, dev),
+        "before: rules + MiniLM sentence head (layers 1-4)": levels(before, dev),
+        "MiniLM conversation embedding, C 0.1": minilm_p_high(fit, dev, 0.1),
+        "conversation head alone (SmolLM2 L8+16+24, C 1)":
+            1.0 - shipped.conv.probs(shipped.backbone.features([c["messages"] for c in dev]))[:, 0],
+        "shipped: layers 1-5": levels(shipped, dev),
+    }
+    yd = labels(dev)
+    report = {"fit_cases": len(fit), "dev_cases": len(dev), "dev_high": int((yd > 0).sum()),
+              "designs": {name: scores(ph, yd) for name, ph in designs.items()}, "seconds": round(time.time() - t0)}
+    write_json(OUT, report, indent=1)
+    print(f"fit {report['fit_cases']} cases, dev {report['dev_cases']} ({report['dev_high']} high)")
+    print(f"{'design':56s} {'AUC':>6s} {'t':>5s}  " + " ".join(f"{c[:9]:>9s}" for c in CATEGORIES) + "  flagged")
+    for name, s in report["designs"].items():
+        for t in (0.5, 0.95) if name.startswith(("before", "shipped")) else THRESHOLDS:  # a level: 0.95 = high
+            r = s[f"t={t}"]
+            print(f"{name[:56]:56s} {s.get('auc', float('nan')):6.3f} {t:5.2f}  "
+                  + " ".join(f"{r['recall'][c]:9.2f}" for c in CATEGORIES) + f"  {r['not_high_flagged_high']:.3f}")
+    print(f"wrote {OUT} ({report['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
