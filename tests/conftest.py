@@ -37,6 +37,16 @@ def tiny_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def safety_cache() -> None:
+    """Fit the crisis check's heads into $ESCRAG_CACHE once per session (on a fresh machine the first
+    fit takes ~2.5 min), so the counselor servers the tests start load them within their /health wait."""
+    from escrag.config import load_config
+    from escrag.safety import RiskClassifier
+
+    RiskClassifier.from_config(load_config("configs/cpu-test.yaml"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_model):
     from escrag.models import load_tokenizer
 

@@ -9,7 +9,6 @@ Run: .venv/bin/python -m pytest -q tests/test_counselor_safety.py"""
 import openai
 import pytest
 
-from escrag.config import load_config
 from escrag.servers import ServerProcess
 
 ARGS = ["--config", "configs/cpu-test.yaml", "-o", "rollout.max_new_tokens_stage1=8", "-o",
@@ -35,11 +34,7 @@ CONVERSATIONS = {  # category -> (conversation, words the reply must contain)
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, tiny_model):
-    from escrag.safety import RiskClassifier
-
-    # fit (or load) the head here first, so the server finds it cached instead of fitting at start-up
-    RiskClassifier.from_config(load_config("configs/cpu-test.yaml"))
+def client(tmp_path_factory, tiny_model, safety_cache):
     server = ServerProcess("counselor", ["counselor", "--policy", tiny_model, "--no-rag", *ARGS],
                            tmp_path_factory.mktemp("counselor-safety"), timeout=600)
     try:

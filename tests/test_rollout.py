@@ -195,7 +195,7 @@ def test_pool_pushes_weights_and_survives_a_killed_worker(ray_session, servers, 
     from rollout.pool import RolloutPool
 
     cfg = _cfg("rollout.num_workers=2", "rollout.worker_cpus=0.5", "rollout.max_new_tokens_stage1=24",
-               "rollout.max_new_tokens_stage2=24")
+               "rollout.max_new_tokens_stage2=24", "safety.rollout_metric=true")
     pool = RolloutPool(cfg, servers["retriever"], servers["reward"])
     try:
         # final norm 0 -> flat logits: every old log-prob is -log V, visible proof the weights arrived
