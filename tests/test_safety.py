@@ -172,6 +172,27 @@ def test_bad_case_files_name_the_line(tmp_path):
 # ------------------------------------------------------------------------------ the detector
 
 
+def _tuning_sample(n_high: int, n_not: int) -> list[dict]:
+    """A seeded sample of the tuning set: ``n_high`` high cases of each category and ``n_not`` not high."""
+    import random
+
+    cases, rng = load_cases("tuning"), random.Random(0)
+    pick = rng.sample([c for c in cases if c["label"] == "not_high"], n_not)
+    for cat in CATEGORIES:
+        pick += rng.sample([c for c in cases if c["label"] == "high" and c["category"] == cat], n_high)
+    return pick
+
+
+def test_tuning_cases_are_assessed_as_labelled(clf):
+    """A seeded sample (60 high per category, 200 not high) of what the slow test below checks whole:
+    every tuning case through every layer costs ~2 min with the conversation head."""
+    result = evaluate(clf, _tuning_sample(60, 200))
+    for cat in CATEGORIES:
+        assert result["high"][cat]["recall"] >= 0.98, (cat, result["missed_high"])
+    assert result["not_high_flagged_high"] <= 0.02, result["flagged_not_high"]
+
+
+@pytest.mark.slow
 def test_every_tuning_case_is_assessed_as_labelled(clf):
     result = evaluate(clf, load_cases("tuning"))
     for cat in CATEGORIES:
