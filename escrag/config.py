@@ -181,7 +181,7 @@ class RolloutConfig:
 
 @dataclass
 class SafetyConfig:
-    """The crisis check (escrag/safety.py, docs/safety.md): rules + an embedding head."""
+    """The crisis check (escrag/safety.py, docs/safety.md): rules, a sentence head, a conversation head."""
     embedder: str = "packaged:minilm"  # the head's embedder; the numbers below are set for all-MiniLM-L6-v2
     tuning: str = "tuning"  # cases the head is fitted on: "tuning" (data/safety/tuning.jsonl) or a path
     head: bool = True  # False: rules only (no embedder is loaded)
