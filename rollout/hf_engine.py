@@ -156,8 +156,9 @@ class HFEngine(GenerationEngine):
             self._thread.join()
 
     def warmup(self, params: SamplingParams) -> float:
-        """Compile (or run once) the decode step for these sampling parameters: one graph serves every
-        batch size and length. Returns the seconds it took; runs on free slots of an idle engine."""
+        """Compile (or run once) the prefill pass and the decode step for these sampling parameters:
+        one graph each serves every batch size and length. Returns the seconds it took; runs on free
+        slots of an idle engine."""
         return self.call(self._warmup, params)
 
     def _warmup(self, params: SamplingParams) -> float:
@@ -165,6 +166,7 @@ class HFEngine(GenerationEngine):
             raise RuntimeError("warmup needs an idle engine")
         self.decoder.reserve(2)
         t = time.perf_counter()
+        self.decoder.prefill(0, [[0, 0], [0, 0, 0]], [0, 0])
         self.decoder.decode([0, 0], [1, 1], [0, 0], [1, 1], params.temperature, params.top_p, params.top_k)
         return time.perf_counter() - t
 

@@ -11,8 +11,8 @@
 - the slot forward equals HF's forward (logits); bfloat16 log-probs stay within a stated tolerance of
   a float32 teacher-forced forward, and follow in-place weight loads (oneDNN-packed linears on a CPU);
   max_seq_len ends a row and rejects longer prompts;
-- under torch.compile (two small compiles): float32 draws exactly the eager tokens (the sampler in the
-  graph is the eager one); bfloat16 matches the model's own forward, and an in-place load of the LM
+- under torch.compile (two engines, each compiling a prefill pass and a decode step): float32 draws
+  exactly the eager tokens (the sampler in the graph is the eager one), in padded passes too; bfloat16 matches the model's own forward, and an in-place load of the LM
   head is seen by the compiled graph.
 Run: .venv/bin/python -m pytest -q tests/test_engine_continuous.py"""
 
@@ -264,7 +264,9 @@ def test_max_seq_len_ends_rows_and_rejects_longer_prompts(tiny_model):
 
 
 def test_compiled_step_samples_what_eager_samples(tiny_model, engine):
-    """float32: the compiled step (sampler inside) draws exactly the eager engine's tokens."""
+    """float32: the compiled prefill and step (sampler inside) draw exactly the eager engine's tokens,
+    also in the passes the compiled prefill pads: one row (its padding row writes the free slot after
+    it, past max_batch when the batch is full) and one token (the rows copying a prompt's K/V)."""
     comp = HFEngine(tiny_model, _ro(compile=True, max_batch=4, max_seq_len=64), seed=0)
     p = params(12, 0.9, 0.95, 64)
     want = engine.generate(PROMPTS, p, seeds=[1, 2, 3])
@@ -272,6 +274,23 @@ def test_compiled_step_samples_what_eager_samples(tiny_model, engine):
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     for g, w in zip(got, want):
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    prompt = PROMPTS[0] * 3  # past MIN_REUSE: one 1-row pass, then 3 rows prefill their last token
+    before = dict(comp.stats)
+    got = comp.generate([prompt] * 4, p, seeds=[4, 5, 6, 7])
+    assert comp.stats["prefill_passes"] - before["prefill_passes"] == 2
+    assert comp.stats["reused_tokens"] - before["reused_tokens"] == 3 * (len(prompt) - 1)
+    assert [g.token_ids for g in got] == [g.token_ids for g in engine.generate([prompt] * 4, p, seeds=[4, 5, 6, 7])]
+    done = threading.Event()
+    running = comp.submit(PROMPTS, params(40, 0.9, 0.95, 64), [8, 9, 10], done.set)
+    start = comp.stats["steps"]
+    while comp.stats["steps"] < start + 3:  # 3 rows decoding: the joining row takes the last slot
+        time.sleep(0.001)
+    joined = comp.generate([PROMPTS[1] + [77, 78]], p, seeds=[11])
+    done.wait()
+    assert comp.decoder.slots == 5  # the padding row's slot past max_batch
+    assert joined[0].token_ids == engine.generate([PROMPTS[1] + [77, 78]], p, seeds=[11])[0].token_ids
+    assert [g.token_ids for g in running.result()] == [
+        g.token_ids for g in engine.generate(PROMPTS, params(40, 0.9, 0.95, 64), seeds=[8, 9, 10])]
 
 
 def test_compiled_bfloat16_step_sees_weight_loads(tiny_model):
