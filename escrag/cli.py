@@ -146,6 +146,9 @@ def _safety(sub) -> None:
     p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON")
     _config_args(p)
     p.set_defaults(func=_lazy("escrag.safety_eval:main"))
+    p = safety.add_parser("fit-heads", help="fit the config's heads anew and ship them in data/safety/heads/")
+    _config_args(p)
+    p.set_defaults(func=_lazy("escrag.safety:fit_heads_main"))
 
 
 def _eval(sub) -> None:

@@ -50,6 +50,7 @@ from escrag.safety_conv import Backbone, ConversationHead, load_or_fit_conv_head
 LEVELS = ("none", "elevated", "high")
 CATEGORIES = ("suicide", "self_harm", "harm_to_others", "abuse", "medical")
 SAFETY_DIR = Path(__file__).resolve().parent.parent / "data" / "safety"
+HEADS_DIR = SAFETY_DIR / "heads"  # the default config's fitted heads, shipped (``head_file``)
 HEAD_VERSION = 1  # bump when the head's features or fitting change (invalidates cached heads)
 
 
@@ -489,21 +490,56 @@ def head_key(sc, tuning: Path) -> str:
 
 
 def load_or_fit_head(sc, embedder) -> EmbeddingHead:
-    """The head for ``sc.tuning`` and ``sc.embedder``: from $ESCRAG_CACHE, else fitted now (under an
-    inter-process lock, written atomically) and cached; a changed tuning file gets a new head."""
-    from escrag.models import _build_once
-
+    """The head for ``sc.tuning`` and ``sc.embedder``: shipped (``head_file``), else fitted now (under
+    an inter-process lock, written atomically) and cached; a changed tuning file gets a new head."""
     tuning = resolve_cases(sc.tuning)
     if not tuning.is_file():
         raise DataError(f"{tuning}: no such safety tuning file (safety.tuning)")
 
-    def build(tmp: Path) -> None:
+    def build() -> dict:
         head = fit_head(load_cases(tuning), embedder.encode, sc.head_c, sc.head_rounds)
-        np.savez(tmp / "head.npz", weight=head.weight, bias=head.bias)
+        return {"weight": head.weight, "bias": head.bias}
 
-    folder = _build_once(f"safety-head-{head_key(sc, tuning)}", build)
-    with np.load(folder / "head.npz") as z:
+    with np.load(head_file(f"safety-head-{head_key(sc, tuning)}", build)) as z:
         return EmbeddingHead(z["weight"], z["bias"])
+
+
+def head_file(name: str, fit) -> Path:
+    """The .npz of head ``name`` (its key hashes the tuning files and settings): the one shipped in
+    data/safety/heads/ (``escrag safety fit-heads``: the default config's heads, so that a fresh
+    machine skips the fits), else ``fit()``'s arrays, saved once under $ESCRAG_CACHE."""
+    from escrag.models import _build_once
+
+    shipped = HEADS_DIR / f"{name}.npz"
+    if shipped.is_file():
+        return shipped
+    return _build_once(name, lambda tmp: np.savez(tmp / "head.npz", **fit())) / "head.npz"
+
+
+def fit_heads_main(args) -> int:
+    """``escrag safety fit-heads [--config FILE]``: fit the config's two heads anew (no cache) and write
+    them to data/safety/heads/, replacing the heads shipped before."""
+    from escrag.atomic import atomic_file
+    from escrag.config import load_config
+    from escrag.embed import load_embedder
+    from escrag.safety_conv import conv_head_key, fit_conv_arrays
+
+    sc = load_config(args.config, args.override).safety
+    tuning = resolve_cases(sc.tuning)
+    embedder = load_embedder(sc.embedder)
+    head = fit_head(load_cases(tuning), embedder.encode, sc.head_c, sc.head_rounds)
+    heads = {f"safety-head-{head_key(sc, tuning)}": {"weight": head.weight, "bias": head.bias},
+             f"safety-conv-{conv_head_key(sc)}": fit_conv_arrays(sc, Backbone(sc.backbone, sc.conv_layers,
+                                                                              sc.conv_batch))}
+    HEADS_DIR.mkdir(parents=True, exist_ok=True)
+    for name, arrays in heads.items():
+        with atomic_file(HEADS_DIR / f"{name}.npz", "wb", encoding=None) as f:
+            np.savez(f, **arrays)
+        print(f"wrote {HEADS_DIR / name}.npz")
+    for old in set(HEADS_DIR.glob("*.npz")) - {HEADS_DIR / f"{n}.npz" for n in heads}:
+        old.unlink()
+        print(f"removed {old}")
+    return 0
 
 
 # ------------------------------------------------------------------------------ the reply

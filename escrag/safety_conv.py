@@ -143,17 +143,18 @@ def conv_head_key(sc) -> str:
 
 
 def load_or_fit_conv_head(sc, backbone: Backbone) -> ConversationHead:
-    """The head for ``safety.conv_tuning`` / ``backbone`` / ``conv_layers`` / ``conv_c``: from
-    $ESCRAG_CACHE, else fitted now (one backbone pass over the fit cases: ~1.5 min on 2 cores) and cached."""
-    from escrag.models import _build_once
+    """The head for ``safety.conv_tuning`` / ``backbone`` / ``conv_layers`` / ``conv_c``: shipped
+    (``escrag.safety.head_file``), else fitted now (one backbone pass over the fit cases: ~1.5 min
+    on 2 cores) and cached under $ESCRAG_CACHE."""
+    from escrag.safety import head_file
 
-    def build(tmp: Path) -> None:
-        cases = fit_cases(sc)[1]
-        feats = backbone.features([c["messages"] for c in cases], f"safety conversation head: reading {len(cases)} "
-                                                                   f"tuning cases (first use only)")
-        head = fit_conversation_head(cases, feats, sc.conv_c)
-        np.savez(tmp / "head.npz", **head.arrays())
-
-    folder = _build_once(f"safety-conv-{conv_head_key(sc)}", build)
-    with np.load(folder / "head.npz") as z:
+    with np.load(head_file(f"safety-conv-{conv_head_key(sc)}", lambda: fit_conv_arrays(sc, backbone))) as z:
         return ConversationHead(z["mean"], z["scale"], z["weight"], z["bias"])
+
+
+def fit_conv_arrays(sc, backbone: Backbone) -> dict:
+    """Fit the head on ``fit_cases(sc)``; its arrays."""
+    cases = fit_cases(sc)[1]
+    feats = backbone.features([c["messages"] for c in cases], f"safety conversation head: reading {len(cases)} "
+                                                               f"tuning cases (first use only)")
+    return fit_conversation_head(cases, feats, sc.conv_c).arrays()

@@ -38,8 +38,9 @@ def tiny_model() -> str:
 
 @pytest.fixture(scope="session")
 def safety_cache() -> None:
-    """Fit the crisis check's heads into $ESCRAG_CACHE once per session (on a fresh machine the first
-    fit takes ~2.5 min), so the counselor servers the tests start load them within their /health wait."""
+    """Load the crisis check once per session before any counselor server starts: on a fresh machine
+    that converts SmolLM2 (its backbone) into $ESCRAG_CACHE, and fits the heads when data/safety/heads/
+    has none for this config (~2.5 min), so the servers load within their /health wait."""
     from escrag.config import load_config
     from escrag.safety import RiskClassifier
 

@@ -143,6 +143,48 @@ def test_conversation_head_is_fitted_without_round6_dev_groups():
     assert len(fit) == len(load_cases("tuning")) + len(r6) - len(dev_ids)
 
 
+def test_shipped_heads_are_the_default_configs_and_are_used():
+    """data/safety/heads/ holds exactly the heads of the default safety config (their names hash the
+    tuning files and settings: a changed tuning file without ``escrag safety fit-heads`` fails here),
+    and the classifier loads them from there, not from $ESCRAG_CACHE."""
+    from escrag.config import SafetyConfig
+    from escrag.safety import HEADS_DIR, head_file, resolve_cases
+
+    def names(sc):
+        return {f"safety-head-{head_key(sc, resolve_cases(sc.tuning))}.npz", f"safety-conv-{conv_head_key(sc)}.npz"}
+
+    want = names(SafetyConfig())
+    assert {p.name for p in HEADS_DIR.glob("*.npz")} == want
+    for config in ("configs/cpu-test.yaml", "configs/cpu-demo.yaml"):  # the two commands' configs
+        assert names(load_config(config).safety) == want, config
+    for name in want:
+        assert head_file(name[:-4], fit=None) == HEADS_DIR / name  # never fitted: ``fit`` is not callable
+
+
+@pytest.mark.slow
+def test_fit_heads_reproduces_the_shipped_heads(tmp_path, monkeypatch):
+    """``escrag safety fit-heads`` into another folder: the same files, whose probabilities on round 6's
+    dev half match the shipped heads' (embeddings differ in the last bits with the thread count)."""
+    from argparse import Namespace
+
+    from escrag import safety
+    from escrag.safety import EmbeddingHead, _case_sentences
+    from escrag.safety_conv import ConversationHead, dev_group
+
+    shipped = safety.HEADS_DIR
+    monkeypatch.setattr(safety, "HEADS_DIR", tmp_path)
+    assert safety.fit_heads_main(Namespace(config=None, override=[])) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.npz")) == sorted(p.name for p in shipped.glob("*.npz"))
+    clf = RiskClassifier.from_config(load_config(None))
+    dev = [c["messages"] for c in load_cases("tuning-round6") if dev_group(c)]
+    feats = clf.backbone.features(dev)
+    for path in tmp_path.glob("safety-conv-*.npz"):
+        with np.load(path) as a, np.load(shipped / path.name) as b:
+            new, old = ConversationHead(*(a[k] for k in ("mean", "scale", "weight", "bias"))), \
+                ConversationHead(*(b[k] for k in ("mean", "scale", "weight", "bias")))
+        assert np.abs(new.probs(feats)[:, 0] - old.probs(feats)[:, 0]).max() < 0.05
+
+
 def test_separation_check_catches_copies_light_edits_and_paraphrases(clf):
     tuning = load_cases("tuning")
     copied = copy.deepcopy(tuning[100])
