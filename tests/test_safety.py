@@ -304,6 +304,31 @@ def test_backbone_features_do_not_depend_on_the_batch():
     assert np.abs(together[0] - alone[0]).max() > 0.1  # and different conversations differ
 
 
+def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(tmp_path):
+    """The backbone drops the layers past the deepest one it pools (but one) and skips the LM head:
+    its features equal the whole model's hidden states pooled the same way (the shipped heads were
+    fitted on those)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from escrag.models import resolve_model
+    from escrag.safety_conv import Backbone, render
+
+    shutil.copytree(resolve_model("tiny-random:llama"), tmp_path / "m")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m", num_hidden_layers=5)
+    model.save_pretrained(tmp_path / "m")
+    bb = Backbone(str(tmp_path / "m"), [1, 3], batch=4)
+    assert len(bb.lm.model.layers) == 4
+    convs = [_user("I have the pills counted out"), _user("exams are killing me", "ok", "fine, really")]
+    enc = bb.tok([render(h) for h in convs], return_tensors="pt", padding=True)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        hs = model.eval()(**enc, output_hidden_states=True).hidden_states
+    mask = enc.attention_mask.unsqueeze(-1).float()
+    want = torch.cat([(hs[k].float() * mask).sum(1) / mask.sum(1) for k in (1, 3)], dim=1).numpy()
+    np.testing.assert_array_equal(bb.features(convs), want)
+
+
 def test_conversation_head_confirms_lowers_or_raises_the_other_layers(clf):
     sc = clf.cfg
 
