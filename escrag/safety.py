@@ -45,7 +45,7 @@ import numpy as np
 
 from escrag import safety_rules as R
 from escrag.data import DataError, read_jsonl
-from escrag.safety_conv import Backbone, ConversationHead, load_or_fit_conv_head
+from escrag.safety_conv import Backbone, ConversationHead, load_or_fit_conv_head, softmax
 
 LEVELS = ("none", "elevated", "high")
 CATEGORIES = ("suicide", "self_harm", "harm_to_others", "abuse", "medical")
@@ -343,9 +343,7 @@ class EmbeddingHead:
 
     def probs(self, vecs: np.ndarray) -> np.ndarray:
         """[n, dim] unit-norm embeddings -> [n, 6] class probabilities."""
-        z = vecs @ self.weight + self.bias
-        z = np.exp(z - z.max(axis=1, keepdims=True))
-        return z / z.sum(axis=1, keepdims=True)
+        return softmax(vecs @ self.weight + self.bias)
 
     @classmethod
     def fit(cls, vecs: np.ndarray, labels: np.ndarray, c: float) -> EmbeddingHead:

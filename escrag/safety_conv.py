@@ -101,12 +101,23 @@ class ConversationHead:
         self.weight, self.bias = weight.astype(np.float32), bias.astype(np.float32)  # [dim, 6], [6]
 
     def probs(self, feats: np.ndarray) -> np.ndarray:
-        z = ((feats - self.mean) / self.scale) @ self.weight + self.bias
-        z = np.exp(z - z.max(axis=1, keepdims=True))
-        return z / z.sum(axis=1, keepdims=True)
+        return softmax(((feats - self.mean) / self.scale) @ self.weight + self.bias)
 
     def arrays(self) -> dict:
         return {"mean": self.mean, "scale": self.scale, "weight": self.weight, "bias": self.bias}
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of [n, classes] logits (both heads' probabilities)."""
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def case_labels(cases: list[dict]) -> np.ndarray:
+    """A case's class: 0 not high, 1 + the category's index in ``CATEGORIES`` when high."""
+    from escrag.safety import CATEGORIES
+
+    return np.array([0 if k["label"] != "high" else 1 + CATEGORIES.index(k["category"]) for k in cases])
 
 
 def fit_conversation_head(cases: list[dict], feats: np.ndarray, c: float) -> ConversationHead:
@@ -116,7 +127,7 @@ def fit_conversation_head(cases: list[dict], feats: np.ndarray, c: float) -> Con
     from escrag.data import DataError
     from escrag.safety import CATEGORIES
 
-    labels = np.array([0 if k["label"] != "high" else 1 + CATEGORIES.index(k["category"]) for k in cases])
+    labels = case_labels(cases)
     if len(set(labels.tolist())) != len(CATEGORIES) + 1:
         raise DataError(f"safety.conv_tuning needs high cases of every category ({', '.join(CATEGORIES)}) "
                         f"and not-high cases")

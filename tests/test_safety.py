@@ -176,13 +176,15 @@ def test_fit_heads_reproduces_the_shipped_heads(tmp_path, monkeypatch):
     assert safety.fit_heads_main(Namespace(config=None, override=[])) == 0
     assert sorted(p.name for p in tmp_path.glob("*.npz")) == sorted(p.name for p in shipped.glob("*.npz"))
     clf = RiskClassifier.from_config(load_config(None))
-    dev = [c["messages"] for c in load_cases("tuning-round6") if dev_group(c)]
-    feats = clf.backbone.features(dev)
-    for path in tmp_path.glob("safety-conv-*.npz"):
+    dev = [c for c in load_cases("tuning-round6") if dev_group(c)]
+    feats = {"conv": clf.backbone.features([c["messages"] for c in dev]),
+             "head": clf.embedder.encode(sorted({s for c in dev for s in _case_sentences(c)}))}
+    for path in tmp_path.glob("*.npz"):
+        kind = "conv" if path.name.startswith("safety-conv-") else "head"
         with np.load(path) as a, np.load(shipped / path.name) as b:
-            new, old = ConversationHead(*(a[k] for k in ("mean", "scale", "weight", "bias"))), \
-                ConversationHead(*(b[k] for k in ("mean", "scale", "weight", "bias")))
-        assert np.abs(new.probs(feats)[:, 0] - old.probs(feats)[:, 0]).max() < 0.05
+            new, old = ((ConversationHead(z["mean"], z["scale"], z["weight"], z["bias"]) if kind == "conv"
+                         else EmbeddingHead(z["weight"], z["bias"])) for z in (a, b))
+        assert np.abs(new.probs(feats[kind])[:, 0] - old.probs(feats[kind])[:, 0]).max() < 0.05, path.name
 
 
 def test_separation_check_catches_copies_light_edits_and_paraphrases(clf):

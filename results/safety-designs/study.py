@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from escrag.atomic import write_json  # noqa: E402
 from escrag.config import SafetyConfig  # noqa: E402
 from escrag.safety import CATEGORIES, RiskClassifier, load_cases  # noqa: E402
-from escrag.safety_conv import dev_group, fit_cases  # noqa: E402
+from escrag.safety_conv import case_labels, dev_group, fit_cases  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "study.json"
 THRESHOLDS = (0.5, 0.7, 0.85, 0.95)
@@ -44,10 +44,6 @@ LEVEL = {"none": 0.0, "elevated": 0.5, "high": 1.0}
 
 def levels(clf: RiskClassifier, cases: list[dict]) -> np.ndarray:
     return np.array([LEVEL[a.level] for a in clf.assess_many([c["messages"] for c in cases])])
-
-
-def labels(cases: list[dict]) -> np.ndarray:
-    return np.array([0 if c["label"] != "high" else 1 + CATEGORIES.index(c["category"]) for c in cases])
 
 
 def minilm_p_high(fit: list[dict], dev: list[dict], c: float) -> np.ndarray:
@@ -97,7 +93,7 @@ def main() -> int:
             1.0 - shipped.conv.probs(shipped.backbone.features([c["messages"] for c in dev]))[:, 0],
         "shipped: layers 1-5": levels(shipped, dev),
     }
-    yd = labels(dev)
+    yd = case_labels(dev)
     report = {"fit_cases": len(fit), "dev_cases": len(dev), "dev_high": int((yd > 0).sum()),
               "designs": {name: scores(ph, yd) for name, ph in designs.items()}, "seconds": round(time.time() - t0)}
     write_json(OUT, report, indent=1)
