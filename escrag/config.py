@@ -207,6 +207,9 @@ class SafetyConfig:
     conv_confirm: float = _f(0.3, ge=0.0, le=1.0)  # rules / sentence head "high" needs at least this, else elevated
     conv_elevated: float = _f(0.5, gt=0.0, le=1.0)  # P(high) -> at least "elevated"
     conv_batch: int = _f(16, ge=1)  # conversations per backbone forward
+    # the backbone's device: cpu (default: next to vLLM, whose memory share it would eat into), cuda[:N],
+    # or auto (cuda when a GPU is visible); a backbone larger than SmolLM2 is a GPU's job
+    conv_device: str = "cpu"
 
 
 @dataclass

@@ -420,7 +420,7 @@ class RiskClassifier:
             embedder = run(load_embedder, sc.embedder)
             head = run(load_or_fit_head, sc, embedder)
         if sc.backbone:
-            backbone = run(Backbone, sc.backbone, sc.conv_layers, sc.conv_batch)
+            backbone = run(Backbone, sc.backbone, sc.conv_layers, sc.conv_batch, sc.conv_device)
             conv = run(load_or_fit_conv_head, sc, backbone)
         return cls(sc, embedder, head, run, backbone, conv)
 
@@ -528,7 +528,7 @@ def fit_heads_main(args) -> int:
     head = fit_head(load_cases(tuning), embedder.encode, sc.head_c, sc.head_rounds)
     heads = {f"safety-head-{head_key(sc, tuning)}": {"weight": head.weight, "bias": head.bias},
              f"safety-conv-{conv_head_key(sc)}": fit_conv_arrays(sc, Backbone(sc.backbone, sc.conv_layers,
-                                                                              sc.conv_batch))}
+                                                                              sc.conv_batch, sc.conv_device))}
     HEADS_DIR.mkdir(parents=True, exist_ok=True)
     for name, arrays in heads.items():
         with atomic_file(HEADS_DIR / f"{name}.npz", "wb", encoding=None) as f:

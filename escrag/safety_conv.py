@@ -47,14 +47,16 @@ def render(history: list[dict]) -> str:
 class Backbone:
     """``features(histories) -> [n, len(layers) * hidden]``: the model's hidden states after each of
     ``layers`` averaged over the tokens of ``render(history)``. Right padding, so a row's states do
-    not depend on its batch (causal attention); bfloat16 autocast over float32 weights on the CPU."""
+    not depend on its batch (causal attention); bfloat16 autocast over float32 weights, on the CPU or
+    a GPU (``safety.conv_device``; a backbone larger than the default is a GPU's job)."""
 
-    def __init__(self, spec: str, layers: list[int], batch: int):
+    def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu"):
         import torch
 
-        from escrag.models import load_causal_lm, load_tokenizer
+        from escrag.models import load_causal_lm, load_tokenizer, resolve_device
 
-        self.tok, self.lm = load_tokenizer(spec), load_causal_lm(spec, "float32").eval()
+        self.device = resolve_device(device)
+        self.tok, self.lm = load_tokenizer(spec), load_causal_lm(spec, "float32").eval().to(self.device)
         self.tok.padding_side = "right"
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
@@ -85,12 +87,12 @@ class Backbone:
 
     def _forward(self, texts: list[str]) -> np.ndarray:
         torch = self._torch
-        enc = self.tok(texts, return_tensors="pt", padding=True)
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        enc = self.tok(texts, return_tensors="pt", padding=True).to(self.device)
+        with torch.inference_mode(), torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16):
             hs = self.lm.model(**enc, output_hidden_states=True).hidden_states
         mask = enc.attention_mask.unsqueeze(-1).float()
         pooled = [(hs[k].float() * mask).sum(1) / mask.sum(1) for k in self.layers]
-        return torch.cat(pooled, dim=1).numpy()
+        return torch.cat(pooled, dim=1).cpu().numpy()
 
 
 class ConversationHead:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from escrag.atomic import write_json  # noqa: E402
 from escrag.config import SafetyConfig  # noqa: E402
-from escrag.safety import CATEGORIES, RiskClassifier, load_cases  # noqa: E402
+from escrag.safety import CATEGORIES, RiskClassifier, load_cases, with_conversation  # noqa: E402
 from escrag.safety_conv import case_labels, dev_group, fit_cases  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "study.json"
@@ -57,6 +57,24 @@ def minilm_p_high(fit: list[dict], dev: list[dict], c: float) -> np.ndarray:
         return emb.encode([" ".join(m["content"] for m in k["messages"] if m["role"] == "user") for k in cases])
 
     return 1.0 - fit_conversation_head(fit, enc(fit), c).probs(enc(dev))[:, 0]
+
+
+def prefix_max_probs(clf: RiskClassifier, cases: list[dict]) -> np.ndarray:
+    """The conversation head over every prefix of a case that ends at a client turn; per case, the
+    probabilities of the prefix with the highest P(high) (a risk stated early is read before later
+    turns dilute the average)."""
+    rows, owner = [], []
+    for i, c in enumerate(cases):
+        for j, m in enumerate(c["messages"]):
+            if m["role"] == "user":
+                rows.append(c["messages"][:j + 1])
+                owner.append(i)
+    probs, owner = clf.conv.probs(clf.backbone.features(rows)), np.array(owner)
+    out = np.zeros((len(cases), probs.shape[1]), np.float32)
+    for i in range(len(cases)):
+        mine = probs[owner == i]
+        out[i] = mine[np.argmin(mine[:, 0])]
+    return out
 
 
 def scores(p_high: np.ndarray, y: np.ndarray) -> dict:
@@ -93,6 +111,11 @@ def main() -> int:
             1.0 - shipped.conv.probs(shipped.backbone.features([c["messages"] for c in dev]))[:, 0],
         "shipped: layers 1-5": levels(shipped, dev),
     }
+    prefix = prefix_max_probs(shipped, dev)
+    designs["conversation head alone, max over client-turn prefixes"] = 1.0 - prefix[:, 0]
+    designs["shipped with the prefix-max head: layers 1-5"] = np.array(
+        [LEVEL[with_conversation(a, p, sc).level] for a, p in zip(before.assess_many([c["messages"] for c in dev]),
+                                                                   prefix)])
     yd = case_labels(dev)
     report = {"fit_cases": len(fit), "dev_cases": len(dev), "dev_high": int((yd > 0).sum()),
               "designs": {name: scores(ph, yd) for name, ph in designs.items()}, "seconds": round(time.time() - t0)}
