@@ -103,6 +103,7 @@ def write_config(tmp_path, index, judge_url, systems) -> str:
                                 "price_output_per_m": 6.0},
                         "api-b": {"base_url": judge_url, "model": "api-double-b"}}
     cfg["judge"] = {"endpoint": "judge"}
+    cfg["safety"] = {"backbone": None}  # answer risk by layers 1-4 here; the backbone's has its own test below
     cfg["eval"] = {"states": 5, "bootstrap": 100, "systems": systems,
                    "table2": [{"label": "k=2", "system": "rag2"}, {"label": "k=4", "system": "rag4"}],
                    "k_sweep": ["rag2", "rag3", "rag4"]}

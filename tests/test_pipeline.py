@@ -43,9 +43,15 @@ def test_paper_tiny_differs_from_paper_3b_only_in_size():
     assert tiny["retriever"]["source"] == "prefs" and tiny["grpo"]["lr"] == 1e-6 and tiny["grpo"]["kl_coef"] == 0.05
 
 
+# The CPU engine's compile and the rollout risk metric (the crisis check's SmolLM2 backbone in each
+# rollout worker) have tests of their own (test_engine_continuous, test_rollout); here they would only
+# add minutes to tests about stages.
+QUICK = ["-o", "rollout.compile=false", "-o", "safety.rollout_metric=false"]
+
+
 def _pipeline(out: Path, ray_address: str, *extra: str) -> dict:
     cmd = [sys.executable, "-m", "ray_jobs.pipeline", "--config", "configs/paper-tiny.yaml",
-           "-o", f"run.output_dir={out}", "-o", f"ray.address={ray_address}", *extra]
+           "-o", f"run.output_dir={out}", "-o", f"ray.address={ray_address}", *QUICK, *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout[proc.stdout.index("{\n"):])
@@ -105,7 +111,7 @@ def test_demo_compares_sft_and_grpo_on_fixed_held_out_states(run, ray_session):
     out, _ = run
     cmd = [sys.executable, "-m", "ray_jobs.demo", "--config", "configs/paper-tiny.yaml", "--compare-only",
            "-o", f"run.output_dir={out}", "-o", "run.demo_examples=1", "-o", "run.demo_compare_states=3",
-           "-o", "run.demo_compare_samples=2", "-o", f"ray.address={ray_session.address}"]
+           "-o", "run.demo_compare_samples=2", "-o", f"ray.address={ray_session.address}", *QUICK]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "GRPO - SFT (paired)" in proc.stdout
