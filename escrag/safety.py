@@ -494,12 +494,14 @@ def load_or_fit_head(sc, embedder) -> EmbeddingHead:
     if not tuning.is_file():
         raise DataError(f"{tuning}: no such safety tuning file (safety.tuning)")
 
-    def build() -> dict:
-        head = fit_head(load_cases(tuning), embedder.encode, sc.head_c, sc.head_rounds)
-        return {"weight": head.weight, "bias": head.bias}
-
-    with np.load(head_file(f"safety-head-{head_key(sc, tuning)}", build)) as z:
+    with np.load(head_file(f"safety-head-{head_key(sc, tuning)}", lambda: fit_head_arrays(sc, tuning, embedder))) as z:
         return EmbeddingHead(z["weight"], z["bias"])
+
+
+def fit_head_arrays(sc, tuning: Path, embedder) -> dict:
+    """Fit the sentence head on ``tuning``; its arrays."""
+    head = fit_head(load_cases(tuning), embedder.encode, sc.head_c, sc.head_rounds)
+    return {"weight": head.weight, "bias": head.bias}
 
 
 def head_file(name: str, fit) -> Path:
@@ -524,9 +526,7 @@ def fit_heads_main(args) -> int:
 
     sc = load_config(args.config, args.override).safety
     tuning = resolve_cases(sc.tuning)
-    embedder = load_embedder(sc.embedder)
-    head = fit_head(load_cases(tuning), embedder.encode, sc.head_c, sc.head_rounds)
-    heads = {f"safety-head-{head_key(sc, tuning)}": {"weight": head.weight, "bias": head.bias},
+    heads = {f"safety-head-{head_key(sc, tuning)}": fit_head_arrays(sc, tuning, load_embedder(sc.embedder)),
              f"safety-conv-{conv_head_key(sc)}": fit_conv_arrays(sc, Backbone(sc.backbone, sc.conv_layers,
                                                                               sc.conv_batch, sc.conv_device))}
     HEADS_DIR.mkdir(parents=True, exist_ok=True)

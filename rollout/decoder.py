@@ -109,7 +109,8 @@ class SlotDecoder:
 
     @torch.inference_mode(False)  # normal tensors, also when a pass reserves: copy() writes them outside
     def reserve(self, n: int) -> None:
-        """Make room for ``n`` slots (at least doubling, up to ``max_batch``; existing slots keep
+        """Make room for ``n`` slots (at least doubling, up to ``max_batch``, or n when more: a compiled
+        1-row prefill of the last slot needs one past it; existing slots keep
         their K/V). The slot dimension is outermost, so views of [:n] keep their strides."""
         if n <= self.slots:
             return
@@ -176,7 +177,7 @@ class SlotDecoder:
         slots = list(range(first, first + n))
         if self.compiled:
             t = max(t, 2)
-            ids, starts = [r + [0] * (t - len(r)) for r in ids], list(starts)
+            ids = [r + [0] * (t - len(r)) for r in ids]
             if n == 1:
                 self.reserve(first + 2)
                 ids, starts, slots = ids + [[0] * t], starts + [0], slots + [first + 1]
