@@ -203,7 +203,7 @@ class SafetyConfig:
     conv_tuning: list[str] = _f(["tuning", "tuning-round6"])  # fitted on these, less round 6's dev groups
     conv_layers: list[int] = _f([8, 16, 24])  # hidden states (of 30 in SmolLM2-135M) averaged over tokens
     conv_c: float = _f(1.0, gt=0.0)  # inverse L2 strength of its logistic regression
-    conv_high: float = _f(0.95, gt=0.0, le=1.0)  # P(high) -> "high" on its own
+    conv_high: float = _f(0.9, gt=0.0, le=1.0)  # P(high) -> "high" on its own
     conv_confirm: float = _f(0.3, ge=0.0, le=1.0)  # rules / sentence head "high" needs at least this, else elevated
     conv_elevated: float = _f(0.5, gt=0.0, le=1.0)  # P(high) -> at least "elevated"
     conv_batch: int = _f(16, ge=1)  # conversations per backbone forward

@@ -1,7 +1,7 @@
 """The crisis check's conversation head: a language model's reading of the whole conversation.
 
-Owns: ``ConversationHead`` (a softmax regression, class 0 not high, class i the i-th category, over
-standardised features), ``Backbone`` (``safety.backbone``'s hidden states at ``safety.conv_layers``,
+Owns: ``ConversationHead`` (a logistic regression for high vs not high and a softmax regression for
+the category of a high case, over standardised features), ``Backbone`` (``safety.backbone``'s hidden states at ``safety.conv_layers``,
 each averaged over the tokens of the rendered conversation followed by a risk question), the fit on
 the tuning cases (``fit_conversation_head``; cached under $ESCRAG_CACHE by ``load_or_fit_conv_head``)
 and ``dev_group``, the split of the tuning cases that keeps round 6's dev half out of every fit.
@@ -9,7 +9,7 @@ and ``dev_group``, the split of the tuning cases that keeps round 6's dev half o
 Why. Rules and a head over single-sentence MiniLM embeddings fit their tuning set (recall ~1.0) but
 caught 0.54-0.80 of new wordings. On round 6's dev half (results/safety-designs) a regression over
 SmolLM2-135M's mid-layer states of the whole conversation separates high from not high better (AUC
-0.95 vs 0.82 for the shipped levels) than any MiniLM feature (0.83-0.85). ``escrag.safety`` combines
+0.96 vs 0.82 for the shipped levels) than any MiniLM feature (0.83-0.85). ``escrag.safety`` combines
 it with the rules and the sentence head; it reads every turn, the counselor's included.
 
 Data. Fitted on ``safety.conv_tuning`` (default data/safety/tuning.jsonl and tuning-round6.jsonl),
@@ -27,7 +27,7 @@ import numpy as np
 QUESTION = ("\n\nQuestion: Is anyone in this conversation in immediate danger of suicide, self-harm, "
             "violence, abuse or a medical emergency? Answer:")
 MAX_CHARS = 2000  # the conversation's last characters that are read (the question is always whole)
-HEAD_VERSION = 1  # bump when the features or the fit change (invalidates cached heads)
+HEAD_VERSION = 2  # bump when the features or the fit change (invalidates cached heads)
 
 
 def dev_group(case: dict) -> bool:
@@ -47,7 +47,7 @@ def render(history: list[dict]) -> str:
 class Backbone:
     """``features(histories) -> [n, len(layers) * hidden]``: the model's hidden states after each of
     ``layers`` averaged over the tokens of ``render(history)``. Right padding, so a row's states do
-    not depend on its batch (causal attention); bfloat16 autocast over float32 weights, on the CPU or
+    not depend on its batch (causal attention) but in bfloat16's last bits; bfloat16 autocast over float32 weights, on the CPU or
     a GPU (``safety.conv_device``; a backbone larger than the default is a GPU's job)."""
 
     def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu"):
@@ -96,14 +96,18 @@ class Backbone:
 
 
 class ConversationHead:
-    """Softmax regression over standardised features: ``probs`` gives [n, 6] (not high, categories)."""
+    """Two regressions over standardised features, one weight matrix: column 0 the logit of high vs not
+    high, columns 1-5 the categories' logits given high. ``probs`` gives [n, 6]: P(not high), then
+    P(high) * P(category | high)."""
 
     def __init__(self, mean: np.ndarray, scale: np.ndarray, weight: np.ndarray, bias: np.ndarray):
         self.mean, self.scale = mean.astype(np.float32), scale.astype(np.float32)  # [dim]
         self.weight, self.bias = weight.astype(np.float32), bias.astype(np.float32)  # [dim, 6], [6]
 
     def probs(self, feats: np.ndarray) -> np.ndarray:
-        return softmax(((feats - self.mean) / self.scale) @ self.weight + self.bias)
+        z = ((feats - self.mean) / self.scale) @ self.weight + self.bias
+        p_high = 1.0 / (1.0 + np.exp(-z[:, :1]))
+        return np.concatenate([1.0 - p_high, p_high * softmax(z[:, 1:])], axis=1)
 
     def arrays(self) -> dict:
         return {"mean": self.mean, "scale": self.scale, "weight": self.weight, "bias": self.bias}
@@ -123,7 +127,10 @@ def case_labels(cases: list[dict]) -> np.ndarray:
 
 
 def fit_conversation_head(cases: list[dict], feats: np.ndarray, c: float) -> ConversationHead:
-    """L2 logistic regression with balanced class weights on one feature row per case."""
+    """L2 logistic regressions with balanced class weights on one feature row per case: high vs not
+    high on every case, the category on the high cases. Why two: on round 6's dev half the binary
+    P(high) separates better (AUC 0.963) than 1 - P(not high) of one six-class regression (0.951),
+    which spends its fit on telling the categories apart."""
     from sklearn.linear_model import LogisticRegression
 
     from escrag.data import DataError
@@ -134,9 +141,11 @@ def fit_conversation_head(cases: list[dict], feats: np.ndarray, c: float) -> Con
         raise DataError(f"safety.conv_tuning needs high cases of every category ({', '.join(CATEGORIES)}) "
                         f"and not-high cases")
     mean, scale = feats.mean(0), feats.std(0) + 1e-6
-    model = LogisticRegression(C=c, class_weight="balanced", max_iter=3000)
-    model.fit((feats - mean) / scale, labels)
-    return ConversationHead(mean, scale, model.coef_.T, model.intercept_)
+    x, high = (feats - mean) / scale, labels > 0
+    binary = LogisticRegression(C=c, class_weight="balanced", max_iter=3000).fit(x, high)
+    category = LogisticRegression(C=c, class_weight="balanced", max_iter=3000).fit(x[high], labels[high])
+    return ConversationHead(mean, scale, np.concatenate([binary.coef_.T, category.coef_.T], axis=1),
+                            np.concatenate([binary.intercept_, category.intercept_]))
 
 
 def fit_cases(sc) -> tuple[list[Path], list[dict]]:

@@ -1,6 +1,6 @@
 """Issue 15's design study: which crisis-check design generalises, judged without the evaluation set.
 
-Run (from the repository root, after ``make install``; ~5 min alone on 2 cores):
+Run (from the repository root, after ``make install``; ~6 min alone on 2 cores):
     .venv/bin/python results/safety-designs/study.py [--threads 2]
 Writes results/safety-designs/study.json and prints the table.
 
@@ -13,10 +13,12 @@ data/safety/eval.jsonl is never opened here (tests/test_safety.py checks this fi
 Designs. The detector before this study (layers 1-4 of escrag/safety.py: rules, then rules + the
 MiniLM sentence head fitted on tuning.jsonl only), a regression over the all-MiniLM-L6-v2 embedding of
 the joined client turns, the conversation head alone (escrag/safety_conv.py: SmolLM2-135M-Instruct
-hidden states at layers 8, 16, 24 averaged over the rendered conversation and a risk question; the
-shipped code and its cached fit), and the detector as shipped (layers 1-5, ``RiskClassifier``). P(high)
-= 1 - P(not high); recall per category and the fraction of not-high cases flagged high at fixed
-thresholds (for a detector's level: 0.5 = elevated or high, above = high).
+hidden states at layers 8, 16, 24 averaged over the rendered conversation and a risk question) as one
+six-class regression (held-out run 3's) and as shipped (high vs not high, then the category), the
+detector as shipped (layers 1-5, ``RiskClassifier``), and the shipped head over every client-turn
+prefix. P(high) = 1 - P(not high); recall per category and the fraction of not-high cases flagged
+high at fixed thresholds (for a detector's level: 0.5 = elevated or high, above = high). Then a
+learning curve: the shipped head fitted on random fractions of the fit cases, dev AUC.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from escrag.safety import CATEGORIES, RiskClassifier, load_cases, with_conversat
 from escrag.safety_conv import case_labels, dev_group, fit_cases  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "study.json"
-THRESHOLDS = (0.5, 0.7, 0.85, 0.95)
+THRESHOLDS = (0.5, 0.7, 0.85, 0.9, 0.95)
 LEVEL = {"none": 0.0, "elevated": 0.5, "high": 1.0}
 
 
@@ -57,6 +59,36 @@ def minilm_p_high(fit: list[dict], dev: list[dict], c: float) -> np.ndarray:
         return emb.encode([" ".join(m["content"] for m in k["messages"] if m["role"] == "user") for k in cases])
 
     return 1.0 - fit_conversation_head(fit, enc(fit), c).probs(enc(dev))[:, 0]
+
+
+def six_class_p_high(fit: list[dict], fit_feats: np.ndarray, dev_feats: np.ndarray) -> np.ndarray:
+    """1 - P(not high) of one six-class regression over the conversation head's features (the head of
+    held-out run 3, before the shipped two-part head)."""
+    from sklearn.linear_model import LogisticRegression
+
+    mean, scale = fit_feats.mean(0), fit_feats.std(0) + 1e-6
+    model = LogisticRegression(C=1.0, class_weight="balanced", max_iter=3000)
+    model.fit((fit_feats - mean) / scale, case_labels(fit))
+    return 1.0 - model.predict_proba((dev_feats - mean) / scale)[:, 0]
+
+
+def learning_curve(fit: list[dict], fit_feats: np.ndarray, dev_feats: np.ndarray, yd: np.ndarray) -> dict:
+    """Dev AUC of the shipped head's fit on random fractions of the fit cases (4 draws each): how much
+    more tuning data of the same kind would buy."""
+    from sklearn.metrics import roc_auc_score
+
+    from escrag.safety_conv import fit_conversation_head
+
+    rng, out = np.random.default_rng(0), {}
+    for frac in (0.125, 0.25, 0.5, 0.75, 1.0):
+        aucs = []
+        for _ in range(4 if frac < 1 else 1):
+            idx = np.sort(rng.choice(len(fit), int(frac * len(fit)), replace=False))
+            head = fit_conversation_head([fit[i] for i in idx], fit_feats[idx], 1.0)
+            aucs.append(roc_auc_score(yd > 0, 1.0 - head.probs(dev_feats)[:, 0]))
+        out[str(int(frac * len(fit)))] = {"auc_mean": round(float(np.mean(aucs)), 4),
+                                          "auc_sd": round(float(np.std(aucs)), 4)}
+    return out
 
 
 def prefix_max_probs(clf: RiskClassifier, cases: list[dict]) -> np.ndarray:
@@ -103,12 +135,15 @@ def main() -> int:
     shipped = RiskClassifier.from_config(sc)  # fits and caches the conversation head on `fit` (first run)
     before = RiskClassifier(dataclasses.replace(sc, backbone=None), shipped.embedder, shipped.head)
     rules = RiskClassifier(dataclasses.replace(sc, head=False, backbone=None))
+    fit_feats = shipped.backbone.features([c["messages"] for c in fit], "reading the fit cases")
+    dev_feats = shipped.backbone.features([c["messages"] for c in dev])
+    yd = case_labels(dev)
     designs = {
         "before: rules only": levels(rules, dev),
         "before: rules + MiniLM sentence head (layers 1-4)": levels(before, dev),
         "MiniLM conversation embedding, C 0.1": minilm_p_high(fit, dev, 0.1),
-        "conversation head alone (SmolLM2 L8+16+24, C 1)":
-            1.0 - shipped.conv.probs(shipped.backbone.features([c["messages"] for c in dev]))[:, 0],
+        "conversation head alone, one six-class regression (run 3's)": six_class_p_high(fit, fit_feats, dev_feats),
+        "conversation head alone (SmolLM2 L8+16+24, C 1)": 1.0 - shipped.conv.probs(dev_feats)[:, 0],
         "shipped: layers 1-5": levels(shipped, dev),
     }
     prefix = prefix_max_probs(shipped, dev)
@@ -116,9 +151,10 @@ def main() -> int:
     designs["shipped with the prefix-max head: layers 1-5"] = np.array(
         [LEVEL[with_conversation(a, p, sc).level] for a, p in zip(before.assess_many([c["messages"] for c in dev]),
                                                                    prefix)])
-    yd = case_labels(dev)
     report = {"fit_cases": len(fit), "dev_cases": len(dev), "dev_high": int((yd > 0).sum()),
-              "designs": {name: scores(ph, yd) for name, ph in designs.items()}, "seconds": round(time.time() - t0)}
+              "designs": {name: scores(ph, yd) for name, ph in designs.items()},
+              "learning_curve": learning_curve(fit, fit_feats, dev_feats, yd)}
+    report["seconds"] = round(time.time() - t0)
     write_json(OUT, report, indent=1)
     print(f"fit {report['fit_cases']} cases, dev {report['dev_cases']} ({report['dev_high']} high)")
     print(f"{'design':56s} {'AUC':>6s} {'t':>5s}  " + " ".join(f"{c[:9]:>9s}" for c in CATEGORIES) + "  flagged")
@@ -127,6 +163,8 @@ def main() -> int:
             r = s[f"t={t}"]
             print(f"{name[:56]:56s} {s.get('auc', float('nan')):6.3f} {t:5.2f}  "
                   + " ".join(f"{r['recall'][c]:9.2f}" for c in CATEGORIES) + f"  {r['not_high_flagged_high']:.3f}")
+    print("learning curve (fit cases: dev AUC of the conversation head alone): " + ", ".join(
+        f"{n}: {v['auc_mean']:.3f}" for n, v in report["learning_curve"].items()))
     print(f"wrote {OUT} ({report['seconds']} s)")
     return 0
 
