@@ -200,11 +200,11 @@ class SafetyConfig:
     # states of the whole conversation; the numbers below were chosen on round 6's dev half
     # (results/safety-designs), never on data/safety/eval.jsonl.
     backbone: str | None = "packaged:smollm2-135m-instruct"  # None: no conversation head
-    conv_tuning: list[str] = _f(["tuning", "tuning-round6"])  # fitted on these, less round 6's dev groups
+    conv_tuning: list[str] = _f(["tuning", "tuning-round6", "tuning-round7"])  # fitted on these, less round 6's dev groups
     conv_layers: list[int] = _f([8, 16, 24])  # hidden states (of 30 in SmolLM2-135M) averaged over tokens
     conv_c: float = _f(1.0, gt=0.0)  # inverse L2 strength of its logistic regression
-    conv_high: float = _f(0.9, gt=0.0, le=1.0)  # P(high) -> "high" on its own
-    conv_confirm: float = _f(0.3, ge=0.0, le=1.0)  # rules / sentence head "high" needs at least this, else elevated
+    conv_high: float = _f(0.93, gt=0.0, le=1.0)  # P(high) -> "high" on its own
+    conv_confirm: float = _f(0.2, ge=0.0, le=1.0)  # rules / sentence head "high" needs at least this, else elevated
     conv_elevated: float = _f(0.5, gt=0.0, le=1.0)  # P(high) -> at least "elevated"
     conv_batch: int = _f(16, ge=1)  # conversations per backbone forward
     # the backbone's device: cpu (default: next to vLLM, whose memory share it would eat into), cuda[:N],

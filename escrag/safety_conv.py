@@ -12,8 +12,8 @@ SmolLM2-135M's mid-layer states of the whole conversation separates high from no
 0.96 vs 0.82 for the shipped levels) than any MiniLM feature (0.83-0.85). ``escrag.safety`` combines
 it with the rules and the sentence head; it reads every turn, the counselor's included.
 
-Data. Fitted on ``safety.conv_tuning`` (default data/safety/tuning.jsonl and tuning-round6.jsonl),
-less the cases of round 6's dev groups: those and data/safety/eval.jsonl are never fitted on. The
+Data. Fitted on ``safety.conv_tuning`` (default data/safety/tuning.jsonl, tuning-round6.jsonl and
+tuning-round7.jsonl), less the cases of round 6's dev groups: those and data/safety/eval.jsonl are never fitted on. The
 paper has no safety layer; this is ours.
 """
 

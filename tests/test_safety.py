@@ -60,7 +60,9 @@ def test_tuning_set_covers_every_category_and_kind():
 def test_no_evaluation_case_is_in_the_tuning_data(clf):
     from escrag.safety import SAFETY_DIR
 
-    tuning, ev = load_cases("tuning") + load_cases(SAFETY_DIR / "tuning-round6.jsonl"), load_cases("eval")
+    files = sorted(SAFETY_DIR.glob("tuning*.jsonl"))  # every round of tuning data, present and future
+    assert [f.name for f in files] == ["tuning-round6.jsonl", "tuning-round7.jsonl", "tuning.jsonl"]
+    tuning, ev = [c for f in files for c in load_cases(f)], load_cases("eval")
     assert all(c["id"].startswith("eval-") for c in ev) and len(ev) >= 160
     assert sum(c["label"] == "high" for c in ev) >= 80 and sum(c["label"] == "not_high" for c in ev) >= 80
     assert shared_turn_sequences(ev, tuning) == []  # no equal run of turns (normalised)
@@ -97,7 +99,7 @@ print("\\n".join(p for p in opened if p.endswith(".jsonl") or "safety-head-" in 
     opened = proc.stdout.split("\n")
     assert str(mine) in opened and any("safety-head-" in p for p in opened)  # fitted now, then cached
     assert any("safety-conv-" in p for p in opened)
-    assert not any(p.endswith(("eval.jsonl", "data/safety/tuning.jsonl", "tuning-round6.jsonl")) for p in opened), opened
+    assert not [p for p in opened if p.endswith(".jsonl") and p != str(mine)], opened  # no eval, no bundled tuning
     sc = load_config("configs/cpu-test.yaml", [f"safety.tuning={mine}", f"safety.conv_tuning=[{mine}]"]).safety
     shutil.rmtree(cache_dir() / f"safety-head-{head_key(sc, mine)}")  # this file's heads are of no further use
     shutil.rmtree(cache_dir() / f"safety-conv-{conv_head_key(sc)}")
@@ -132,16 +134,22 @@ def test_design_study_judges_on_a_dev_half_of_round6_and_never_reads_eval():
     assert not [s for s in strings if s != doc and "eval" in s.lower()], "the study must not read the eval set"
 
 
-def test_conversation_head_is_fitted_without_round6_dev_groups():
+def test_conversation_head_is_fitted_without_round6_dev_groups_and_round7_copies_none():
     from escrag.config import SafetyConfig
+    from escrag.embed import load_embedder
     from escrag.safety_conv import dev_group, fit_cases
+    from escrag.safety_eval import embedding_duplicates, near_duplicates, shared_turn_sequences
 
     paths, fit = fit_cases(SafetyConfig())
-    assert [p.name for p in paths] == ["tuning.jsonl", "tuning-round6.jsonl"]
-    r6 = load_cases("tuning-round6")
-    dev_ids = {c["id"] for c in r6 if dev_group(c)}
-    assert dev_ids and not dev_ids & {c["id"] for c in fit}
-    assert len(fit) == len(load_cases("tuning")) + len(r6) - len(dev_ids)
+    assert [p.name for p in paths] == ["tuning.jsonl", "tuning-round6.jsonl", "tuning-round7.jsonl"]
+    r6, r7 = load_cases("tuning-round6"), load_cases("tuning-round7")
+    dev = [c for c in r6 if dev_group(c)]
+    assert dev and not {c["id"] for c in dev} & {c["id"] for c in fit}
+    assert not any(dev_group(c) for c in r7)  # round 7 is all fit
+    assert len(fit) == len(load_cases("tuning")) + len(r6) - len(dev) + len(r7)
+    # round 7 was written after the dev half chose round 6's design: none of it may copy a dev case
+    assert shared_turn_sequences(dev, r7) == [] and near_duplicates(dev, r7) == []
+    assert embedding_duplicates(dev, r7, load_embedder("packaged:minilm").encode) == []
 
 
 def test_shipped_heads_are_the_default_configs_and_are_used():
