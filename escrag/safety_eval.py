@@ -159,7 +159,7 @@ def format_report(result: dict, data: str) -> str:
         lines.append(f"  flagged {f['id']} ({f['category']}, {f['kind']}): {', '.join(f['categories'])}")
     if "separation" in result:
         s = result["separation"]
-        lines.append(f"\nseparation from {s['tuning']}: {s['overlapping_cases']} cases overlap the tuning data")
+        lines.append(f"\nseparation from {', '.join(s['tuning'])}: {s['overlapping_cases']} cases overlap the tuning data")
     return "\n".join(lines)
 
 
@@ -173,17 +173,18 @@ def main(args) -> int:
     cases = load_cases(args.data)
     clf = RiskClassifier.from_config(cfg)
     result = evaluate(clf, cases)
-    tuning = resolve_cases(cfg.safety.tuning)
-    if tuning.resolve() != resolve_cases(args.data).resolve():
-        fit_on = load_cases(tuning)
+    sc, data = cfg.safety, resolve_cases(args.data).resolve()
+    fitted = [resolve_cases(n) for n in [sc.tuning] + (list(sc.conv_tuning) if sc.backbone else [])]
+    fitted = [p for p in dict.fromkeys(fitted) if p.resolve() != data]  # every file a head was fitted on
+    if fitted:
+        fit_on = [c for p in fitted for c in load_cases(p)]
         overlap = near_duplicates(cases, fit_on) + shared_turn_sequences(cases, fit_on)
         if clf.embedder is not None:
             overlap += embedding_duplicates(cases, fit_on, clf.embedder.encode)
-        result["separation"] = {"tuning": str(tuning), "overlapping_cases": len({a for a, _, _ in overlap}),
+        result["separation"] = {"tuning": [str(p) for p in fitted], "overlapping_cases": len({a for a, _, _ in overlap}),
                                 "pairs": overlap[:20]}
-    result.update(data=str(resolve_cases(args.data)), config={"head": cfg.safety.head,
-                                                              "head_high": cfg.safety.head_high,
-                                                              "embedder": cfg.safety.embedder})
+    result.update(data=str(data), config={k: getattr(sc, k) for k in (
+        "head", "head_high", "embedder", "backbone", "conv_tuning", "conv_high", "conv_confirm", "conv_elevated")})
     print(format_report(result, str(resolve_cases(args.data))))
     if args.json:
         write_json(args.json, result)

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -409,6 +410,7 @@ def test_bad_safety_config_is_a_config_error():
 
 def test_eval_command_prints_the_table_and_writes_json(tmp_path):
     cases = [c for c in load_cases("tuning") if c["kind"] in ("method_research", "idiom")][:12]
+    cases += load_cases("tuning-round7")[:3]  # fitted on by the conversation head only
     data = tmp_path / "cases.jsonl"
     data.write_text("".join(json.dumps(c) + "\n" for c in cases))
     out = tmp_path / "report" / "eval.json"
@@ -419,6 +421,9 @@ def test_eval_command_prints_the_table_and_writes_json(tmp_path):
     result = json.loads(out.read_text())
     assert result["cases"] == len(cases) and set(result["targets"]) >= {"recall_met", "flagged_met", "all_met"}
     assert result["separation"]["overlapping_cases"] == len(cases)  # these cases are the tuning data
+    assert [Path(p).name for p in result["separation"]["tuning"]] == ["tuning.jsonl", "tuning-round6.jsonl",
+                                                                     "tuning-round7.jsonl"]
+    assert result["config"]["conv_high"] == load_config("configs/cpu-test.yaml").safety.conv_high
     bad = subprocess.run([sys.executable, "-m", "escrag", "safety", "eval", "--data", str(tmp_path / "none.jsonl")],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "none.jsonl: no such safety data file" in bad.stderr
