@@ -15,9 +15,9 @@ MiniLM sentence head fitted on tuning.jsonl only), a regression over the all-Min
 the joined client turns, the conversation head alone (escrag/safety_conv.py: SmolLM2-135M-Instruct
 hidden states at layers 8, 16, 24 averaged over the rendered conversation and a risk question) as one
 six-class regression (held-out run 3's) and as shipped (high vs not high, then the category), the
-detector as shipped (layers 1-5, ``RiskClassifier``), and the shipped head over every client-turn
-prefix. P(high) = 1 - P(not high); recall per category and the fraction of not-high cases flagged
-high at fixed thresholds (for a detector's level: 0.5 = elevated or high, above = high). Then a
+detector as shipped (layers 1-5, ``RiskClassifier``), the shipped head over every client-turn
+prefix, and non-linear heads (MLP, RBF SVM, nearest neighbours) over its features. P(high) = 1 -
+P(not high); recall per category and the fraction of not-high cases flagged high at fixed thresholds (for a detector's level: 0.5 = elevated or high, above = high). Then a
 learning curve: the shipped head fitted on random fractions of the fit cases, dev AUC.
 """
 
@@ -91,6 +91,23 @@ def learning_curve(fit: list[dict], fit_feats: np.ndarray, dev_feats: np.ndarray
     return out
 
 
+def other_readers(fit: list[dict], fit_feats: np.ndarray, dev_feats: np.ndarray) -> dict:
+    """Non-linear heads over the same features and fit cases, P(high) on dev: whether the linear
+    head leaves anything on the table."""
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.svm import SVC
+
+    mean, scale = fit_feats.mean(0), fit_feats.std(0) + 1e-6
+    x, xd, high = (fit_feats - mean) / scale, (dev_feats - mean) / scale, case_labels(fit) > 0
+    mlp = MLPClassifier((256,), alpha=0.01, max_iter=500, random_state=0).fit(x, high)
+    svm = SVC(C=10.0, class_weight="balanced").fit(x, high)
+    unit = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)  # noqa: E731
+    nearest = np.argsort(-(unit(xd) @ unit(x).T), axis=1)[:, :5]
+    return {"MLP (256 hidden) over the conversation head's features": mlp.predict_proba(xd)[:, 1],
+            "RBF SVM (C 10) over the conversation head's features": 1.0 / (1.0 + np.exp(-svm.decision_function(xd))),
+            "5 nearest fit cases (cosine) over the conversation head's features": high[nearest].mean(1)}
+
+
 def prefix_max_probs(clf: RiskClassifier, cases: list[dict]) -> np.ndarray:
     """The conversation head over every prefix of a case that ends at a client turn; per case, the
     probabilities of the prefix with the highest P(high) (a risk stated early is read before later
@@ -145,6 +162,7 @@ def main() -> int:
         "conversation head alone, one six-class regression (run 3's)": six_class_p_high(fit, fit_feats, dev_feats),
         "conversation head alone (SmolLM2 L8+16+24, C 1)": 1.0 - shipped.conv.probs(dev_feats)[:, 0],
         "shipped: layers 1-5": levels(shipped, dev),
+        **other_readers(fit, fit_feats, dev_feats),
     }
     prefix = prefix_max_probs(shipped, dev)
     designs["conversation head alone, max over client-turn prefixes"] = 1.0 - prefix[:, 0]
