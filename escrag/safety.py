@@ -21,7 +21,8 @@ How a conversation is read (every client turn, not only the last one):
    fictional or idiomatic is capped at elevated.
 The level of 1-4 is the highest level found; ``reasons`` says what fired on which words.
 5. The conversation head (``escrag.safety_conv``, ``safety.backbone``): P(high) from a language
-   model's reading of the whole conversation. High when it is sure (``conv_high``), or when 1-4 said
+   model's reading of the whole conversation (to confirm 1-4's high: the highest over its prefixes
+   that end at a client turn, so a later turn cannot talk an earlier risk away). High when it is sure (``conv_high``), or when 1-4 said
    high and it agrees at least a little (``conv_confirm``; below that, 1-4's high is lowered to
    elevated, except a yes to the counselor's direct question, ``FIRM``); at least elevated above
    ``conv_elevated``. On round 6's dev half this cut the misses
@@ -45,7 +46,7 @@ import numpy as np
 
 from escrag import safety_rules as R
 from escrag.data import DataError, read_jsonl
-from escrag.safety_conv import Backbone, ConversationHead, load_or_fit_conv_head, softmax
+from escrag.safety_conv import Backbone, ConversationHead, load_or_fit_conv_head, render, softmax
 
 LEVELS = ("none", "elevated", "high")
 CATEGORIES = ("suicide", "self_harm", "harm_to_others", "abuse", "medical")
@@ -259,12 +260,17 @@ def rule_hits(history: list[dict]) -> tuple[list[Hit], list[tuple[int, str, set[
     return hits, sentences
 
 
-def with_conversation(a: RiskAssessment, p: np.ndarray, sc) -> RiskAssessment:
+def with_conversation(a: RiskAssessment, p: np.ndarray, sc, best: np.ndarray | None = None) -> RiskAssessment:
     """Layer 5 over the level of layers 1-4 (``a``), given the conversation head's [6] probabilities
-    (not high, then CATEGORIES) and the ``safety`` config section."""
+    (not high, then CATEGORIES) for the whole conversation, the ``safety`` config section, and the
+    probabilities of its prefix with the highest P(high) (default ``p``). That prefix decides whether
+    1-4's high is confirmed, so a later turn cannot talk an earlier risk away (averaged over the
+    whole conversation, a few odd words at the end took a stated overdose plan from P 0.84 to 0.00)."""
     p_high, cat = float(1.0 - p[0]), CATEGORIES[int(np.argmax(p[1:]))]
-    why = f"conversation head p={p_high:.2f} ({cat})"
-    if a.level == "high" and (a.firm or p_high >= sc.conv_confirm):
+    best_high = p_high if best is None else float(1.0 - best[0])
+    why = f"conversation head p={p_high:.2f} ({cat})" + (f", {best_high:.2f} up to an earlier client turn"
+                                                         if best_high > p_high + 0.005 else "")
+    if a.level == "high" and (a.firm or best_high >= sc.conv_confirm):
         return RiskAssessment("high", a.categories, a.reasons + [why])
     if p_high >= sc.conv_high:
         return RiskAssessment("high", [cat], [why] + a.reasons)
@@ -405,7 +411,8 @@ class RiskClassifier:
         self.cfg, self.embedder, self.head = cfg, embedder, head  # cfg: escrag.config.SafetyConfig
         self.backbone, self.conv = backbone, conv  # the conversation head (layer 5), or None
         self._run = run or _inline
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # sentence -> sentence head's probabilities
+        self._conv_cache: OrderedDict[str, np.ndarray] = OrderedDict()  # rendered prefix -> conversation head's
 
     @classmethod
     def from_config(cls, cfg, run=None) -> RiskClassifier:
@@ -424,16 +431,36 @@ class RiskClassifier:
             conv = run(load_or_fit_conv_head, sc, backbone)
         return cls(sc, embedder, head, run, backbone, conv)
 
-    def _probs(self, sentences: list[str]) -> np.ndarray:
-        todo = list(dict.fromkeys(s for s in sentences if s not in self._cache))
+    def _cached(self, cache: OrderedDict, keys: list[str], items: list, compute) -> np.ndarray:
+        """[len(keys), 6] probabilities: cached per key, ``compute(items of the missing keys)`` for the
+        rest; least recently used keys beyond ``safety.cache_size`` are dropped."""
+        todo = {k: item for k, item in zip(keys, items) if k not in cache}
         if todo:
-            for s, p in zip(todo, self.head.probs(self._run(self.embedder.encode, todo))):
-                self._cache[s] = p
-        out = np.stack([self._cache[s] for s in sentences]) if sentences else np.zeros((0, len(CATEGORIES) + 1))
-        for s in sentences:
-            self._cache.move_to_end(s)
-        while len(self._cache) > self.cfg.cache_size:
-            self._cache.popitem(last=False)
+            for k, p in zip(todo, compute(list(todo.values()))):
+                cache[k] = p
+        out = np.stack([cache[k] for k in keys]) if keys else np.zeros((0, len(CATEGORIES) + 1))
+        for k in keys:
+            cache.move_to_end(k)
+        while len(cache) > self.cfg.cache_size:
+            cache.popitem(last=False)
+        return out
+
+    def _probs(self, sentences: list[str]) -> np.ndarray:
+        return self._cached(self._cache, sentences, sentences,
+                            lambda todo: self.head.probs(self._run(self.embedder.encode, todo)))
+
+    def _conv_probs(self, histories: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per conversation, the conversation head's probabilities for the whole of it and for its
+        prefix (ending at a client turn) with the highest P(high). Each distinct text is read once
+        (a GRPO group's samples share their prefixes; a chat re-sends its history)."""
+        reads = [[h[:j + 1] for j, m in enumerate(h) if m.get("role") == "user"] + [h] for h in histories]
+        flat = [r for rs in reads for r in rs]
+        probs = self._cached(self._conv_cache, [render(r) for r in flat], flat,
+                             lambda todo: self.conv.probs(self._run(self.backbone.features, todo)))
+        out, i = [], 0
+        for rs in reads:
+            rows, i = probs[i:i + len(rs)], i + len(rs)
+            out.append((rows[-1], rows[int(np.argmin(rows[:, 0]))]))
         return out
 
     def _head_hits(self, sentences: list[tuple[int, str, set[str]]], probs: np.ndarray,
@@ -465,8 +492,8 @@ class RiskClassifier:
                 i += len(sents)
             out.append(_assessment(hits))
         if self.conv is not None and histories:
-            feats = self._run(self.backbone.features, [self._window(h) for h in histories])
-            out = [with_conversation(a, p, self.cfg) for a, p in zip(out, self.conv.probs(feats))]
+            probs = self._conv_probs([self._window(h) for h in histories])
+            out = [with_conversation(a, whole, self.cfg, best) for a, (whole, best) in zip(out, probs)]
         return out
 
     def assess(self, history: list[dict]) -> RiskAssessment:

@@ -29,6 +29,7 @@ from escrag.safety import (
     head_key,
     load_cases,
     safety_reply,
+    with_answer,
     with_conversation,
 )
 from escrag.safety_conv import conv_head_key
@@ -307,6 +308,27 @@ def test_assess_many_matches_assess_and_reports_reasons(clf):
     assert batch[2].level == "high" and "abuse" in batch[2].categories
 
 
+def test_a_later_turn_cannot_talk_an_earlier_risk_away(clf):
+    """The rules' high is confirmed by the conversation head's best prefix (ending at a client turn):
+    text after a stated risk (here, words a tiny random policy wrote, read as a last turn by the
+    rollout risk metric) cannot veto it. Over the whole conversation, the second tail took P(high)
+    from 0.84 to 0.00. A chat that re-sends its history reads only its new prefix."""
+    crisis = _user("I can't sleep.", "That sounds hard.", "I've saved up 40 pills and I'm taking them tonight.")
+    tails = ["factoryfactoryeline warned ev Practitioners cilantroLaterrid Surface",
+             "Reg depictions depictions depictions entrepreneurs regardingKids pointailed ridge",
+             "anyway, how was your weekend?"]
+    for tail in tails:
+        assert clf.assess(with_answer(crisis, tail)).level == "high", tail
+    read = []
+    features = clf.backbone.features
+    clf.backbone.features = lambda histories, *a: read.extend(histories) or features(histories, *a)
+    try:
+        clf.assess(crisis + [{"role": "assistant", "content": "I'm here."}, {"role": "user", "content": "ok"}])
+    finally:
+        clf.backbone.features = features
+    assert len(read) == 1 and read[0][-1]["content"] == "ok"  # the earlier prefixes were read above
+
+
 def test_backbone_features_do_not_depend_on_the_batch():
     """A conversation's features are the same alone and padded in a batch of longer ones (right
     padding, pooled over its own tokens only)."""
@@ -359,6 +381,9 @@ def test_conversation_head_confirms_lowers_or_raises_the_other_layers(clf):
     assert with_conversation(high, p(0.5, "medical"), sc).categories == ["abuse"]  # confirmed: the rules' category
     lowered = with_conversation(high, p(0.1, "abuse"), sc)
     assert lowered.level == "elevated" and "conversation head p=0.10" in lowered.reasons[0]
+    kept = with_conversation(high, p(0.1, "abuse"), sc, best=p(0.5, "abuse"))  # an earlier prefix confirms
+    assert kept.level == "high" and "0.50 up to an earlier client turn" in kept.reasons[-1]
+    assert with_conversation(none, p(0.1, "suicide"), sc, best=p(0.99, "suicide")).level == "none"  # never raises
     firm = RiskAssessment("high", ["suicide"], ["suicide/answer_to_question (high) ..."], firm=True)
     assert with_conversation(firm, p(0.01, "suicide"), sc).level == "high"  # a yes to "are you thinking of ..."
     assert with_conversation(none, p(0.6, "medical"), sc).level == "elevated"
