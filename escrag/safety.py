@@ -22,8 +22,8 @@ How a conversation is read (every client turn, not only the last one):
 The level of 1-4 is the highest level found; ``reasons`` says what fired on which words.
 5. The conversation head (``escrag.safety_conv``, ``safety.backbone``): P(high) from a language
    model's reading of the whole conversation (to confirm 1-4's high: the highest over its prefixes
-   that end at a client turn, so a later turn cannot talk an earlier risk away). High when it is sure (``conv_high``), or when 1-4 said
-   high and it agrees at least a little (``conv_confirm``; below that, 1-4's high is lowered to
+   that end at a client turn, so a later turn cannot talk an earlier risk away). High when it is
+   sure (``conv_high``), or when 1-4 said high and it agrees at least a little (``conv_confirm``; below that, 1-4's high is lowered to
    elevated, except a yes to the counselor's direct question, ``FIRM``); at least elevated above
    ``conv_elevated``. On round 6's dev half this cut the misses
    and the false alarms of 1-4 alone (results/safety-designs).

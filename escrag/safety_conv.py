@@ -1,8 +1,8 @@
 """The crisis check's conversation head: a language model's reading of the whole conversation.
 
 Owns: ``ConversationHead`` (a logistic regression for high vs not high and a softmax regression for
-the category of a high case, over standardised features), ``Backbone`` (``safety.backbone``'s hidden states at ``safety.conv_layers``,
-each averaged over the tokens of the rendered conversation followed by a risk question), the fit on
+the category of a high case, over standardised features), ``Backbone`` (``safety.backbone``'s hidden
+states at ``safety.conv_layers``, each averaged over the tokens of the rendered conversation followed by a risk question), the fit on
 the tuning cases (``fit_conversation_head``; cached under $ESCRAG_CACHE by ``load_or_fit_conv_head``)
 and ``dev_group``, the split of the tuning cases that keeps round 6's dev half out of every fit.
 
@@ -13,8 +13,8 @@ SmolLM2-135M's mid-layer states of the whole conversation separates high from no
 it with the rules and the sentence head; it reads every turn, the counselor's included.
 
 Data. Fitted on ``safety.conv_tuning`` (default data/safety/tuning.jsonl, tuning-round6.jsonl and
-tuning-round7.jsonl), less the cases of round 6's dev groups: those and data/safety/eval.jsonl are never fitted on. The
-paper has no safety layer; this is ours.
+tuning-round7.jsonl), less the cases of round 6's dev groups: those and data/safety/eval.jsonl are
+never fitted on. The paper has no safety layer; this is ours.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def render(history: list[dict]) -> str:
 class Backbone:
     """``features(histories) -> [n, len(layers) * hidden]``: the model's hidden states after each of
     ``layers`` averaged over the tokens of ``render(history)``. Right padding, so a row's states do
-    not depend on its batch (causal attention) but in bfloat16's last bits; bfloat16 autocast over float32 weights, on the CPU or
-    a GPU (``safety.conv_device``; a backbone larger than the default is a GPU's job)."""
+    not depend on its batch (causal attention) but in bfloat16's last bits; bfloat16 autocast over
+    float32 weights, on the CPU or a GPU (``safety.conv_device``; a backbone larger than the default is a GPU's job)."""
 
     def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu"):
         import torch

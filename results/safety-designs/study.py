@@ -17,8 +17,9 @@ hidden states at layers 8, 16, 24 averaged over the rendered conversation and a 
 six-class regression (held-out run 3's) and as shipped (high vs not high, then the category), the
 detector as shipped (layers 1-5, ``RiskClassifier``), the shipped head over every client-turn
 prefix, and non-linear heads (MLP, RBF SVM, nearest neighbours) over its features. P(high) = 1 -
-P(not high); recall per category and the fraction of not-high cases flagged high at fixed thresholds (for a detector's level: 0.5 = elevated or high, above = high). Then a
-learning curve: the shipped head fitted on random fractions of the fit cases, dev AUC.
+P(not high); recall per category and the fraction of not-high cases flagged high at fixed
+thresholds (for a detector's level: 0.5 = elevated or high, above = high). Then a learning curve: the
+shipped head fitted on random fractions of the fit cases, dev AUC.
 """
 
 from __future__ import annotations
