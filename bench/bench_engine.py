@@ -12,7 +12,7 @@ variant so each row makes exactly 64 tokens), SmolLM2-135M-Instruct, batch 8 and
 Ours samples with the config's ``top_k`` (64) then top-p inside it (escrag.sampling).
 
 Each variant runs in its own process (each then has the process's only OpenMP pool, as a rollout
-worker does: rollout/hf_engine.py); runs interleave (batch x variant, ``--repeats`` rounds, one
+worker does: rollout/engines/hf_engine.py); runs interleave (batch x variant, ``--repeats`` rounds, one
 process at a time) and the tables show medians of tokens per
 wall second (the target) and per CPU second of the process (steadier on a shared machine); the prefix
 cache is cleared before each run (rows of one batch may still share the system prompt's K/V).
@@ -97,7 +97,8 @@ class Ours:
 
     def __init__(self, spec: str, args, compile_: bool, max_batch: int, max_seq_len: int):
         from escrag.config import load_config
-        from rollout.engine import SamplingParams, make_engine
+        from rollout.engines import make_engine
+        from rollout.engines.base import SamplingParams
 
         cfg = load_config(None, [f"policy.model={spec}", f"rollout.compile={str(compile_).lower()}",
                                  f"rollout.max_batch={max_batch}", f"rollout.max_seq_len={max_seq_len}"])
@@ -146,7 +147,7 @@ def logprob_gap(ours: Ours, spec: str, batch: list[list[int]]) -> dict:
 
 def serve_variant(name: str, args, ids: list[list[int]], max_seq: int, conn) -> None:
     """One variant in its own process, so that each has the process's only OpenMP pool (two threads
-    running parallel ops in one process slow both: rollout/hf_engine.py). Ours runs on its engine
+    running parallel ops in one process slow both: rollout/engines/hf_engine.py). Ours runs on its engine
     thread, the baseline on this process's main thread. Answers ("run", b) and ("gap", b)."""
     import torch
 

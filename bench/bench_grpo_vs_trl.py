@@ -67,7 +67,8 @@ def run_ours(a, model_path: str, prompts: list[str]) -> dict:
 
     from escrag.config import load_config
     from escrag.records import Sample, ScoredGroup
-    from rollout.engine import SamplingParams, make_engine
+    from rollout.engines import make_engine
+    from rollout.engines.base import SamplingParams
     from rollout.episode import record
     from trainer.learner import Learner
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from escrag.atomic import write_json  # noqa: E402
 from escrag.config import load_config  # noqa: E402
 from escrag.data import load_states  # noqa: E402
-from escrag.servers import ServerProcess  # noqa: E402
+from escrag.web.procs import ServerProcess  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from escrag.atomic import write_json  # noqa: E402
 from escrag.config import RewardConfig  # noqa: E402
 from escrag.data import load_states  # noqa: E402
-from escrag.servers import ServerProcess  # noqa: E402
+from escrag.web.procs import ServerProcess  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
 
 

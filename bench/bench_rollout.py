@@ -41,7 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from escrag.atomic import write_json  # noqa: E402
-from escrag.servers import ServerProcess  # noqa: E402
+from escrag.web.procs import ServerProcess  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -182,7 +182,7 @@ def print_table(res: dict) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from escrag.data import load_states
-    from rollout.engine import make_engine
+    from rollout.engines import make_engine
 
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         cfg, procs, urls = setup(args, Path(tmp))

@@ -35,7 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from escrag.atomic import write_json  # noqa: E402
-from escrag.servers import ServerProcess  # noqa: E402
+from escrag.web.procs import ServerProcess  # noqa: E402
 
 
 def parse_args(argv=None):

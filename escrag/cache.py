@@ -4,8 +4,8 @@ model call of preference construction.
 Owns: ``JsonlCache`` and ``content_key``. Each finished item is appended as one line and flushed at
 once, so a crash loses at most the line being written; a torn last line (or any line that is not JSON)
 is skipped when the file is read back. Keys are sha256 hashes of everything that changes the cached
-value, built by the callers (``evaluation.systems.answer_key``, ``escrag.judge.Judge.key``,
-``escrag.preference.call_key``), so a rerun with the same inputs finds every item and makes no call,
+value, built by the callers (``evaluation.systems.answer_key``, ``escrag.llm.judge.Judge.key``,
+``escrag.preference.build.call_key``), so a rerun with the same inputs finds every item and makes no call,
 and any change of input misses the cache.
 """
 

@@ -70,7 +70,7 @@ def _prefs(sub) -> None:
     p = prefs.add_parser("build", help="ESC-Preference: simulated client, three-stage counselor reasoning, "
                          "judge, dominance filter (docs/preference.md)")
     _config_args(p)
-    p.set_defaults(func=_lazy("escrag.preference:build_main"))
+    p.set_defaults(func=_lazy("escrag.preference.build:build_main"))
 
 
 def _rm(sub) -> None:
@@ -113,7 +113,7 @@ def _serve(sub) -> None:
     p.add_argument("--no-rag", action="store_true", help="one-stage answers, no retrieval")
     _server_args(p, 8100)
     _config_args(p)
-    p.set_defaults(func=_lazy("rollout.counselor_api:main"))
+    p.set_defaults(func=_lazy("rollout.counselor.server:main"))
 
 
 def _train(sub) -> None:
@@ -145,10 +145,10 @@ def _safety(sub) -> None:
     p.add_argument("--data", default="eval", help="cases JSONL, or 'eval' / 'tuning' (data/safety/); default eval")
     p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON")
     _config_args(p)
-    p.set_defaults(func=_lazy("escrag.safety_eval:main"))
+    p.set_defaults(func=_lazy("escrag.safety.cli:eval_main"))
     p = safety.add_parser("fit-heads", help="fit the config's heads anew and ship them in data/safety/heads/")
     _config_args(p)
-    p.set_defaults(func=_lazy("escrag.safety:fit_heads_main"))
+    p.set_defaults(func=_lazy("escrag.safety.cli:fit_heads_main"))
 
 
 def _eval(sub) -> None:

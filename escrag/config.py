@@ -168,7 +168,7 @@ class RolloutConfig:
     restart_timeout_s: float = _f(300.0, gt=0.0)  # how long the pool waits for Ray to restart a worker
     restart_poll_s: float = _f(0.1, gt=0.0)  # first poll of a restarting worker; doubles up to 20x
     vllm_gpu_memory: float = _f(0.6, gt=0.0, le=1.0)  # vLLM gpu_memory_utilization per engine
-    # The transformers engine (rollout/hf_engine.py; docs/rollout.md "The transformers engine").
+    # The transformers engine (rollout/engines/hf_engine.py; docs/rollout.md "The transformers engine").
     # Engine weights: auto = bfloat16 on CUDA or a CPU with AMX/AVX512-BF16 (~5x the float32 matmul
     # rate there), else policy.dtype. When it differs from policy.dtype the learner recomputes π_old.
     dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -181,7 +181,7 @@ class RolloutConfig:
 
 @dataclass
 class SafetyConfig:
-    """The crisis check (escrag/safety.py, docs/safety.md): rules, a sentence head, a conversation head."""
+    """The crisis check (escrag/safety/, docs/safety.md): rules, a sentence head, a conversation head."""
     embedder: str = "packaged:minilm"  # the head's embedder; the numbers below are set for all-MiniLM-L6-v2
     tuning: str = "tuning"  # cases the head is fitted on: "tuning" (data/safety/tuning.jsonl) or a path
     head: bool = True  # False: rules only (no embedder is loaded)
@@ -196,7 +196,7 @@ class SafetyConfig:
     locale: str = _f("international", choices=("international", "us", "uk", "ie", "ca", "au", "eu"))
     help_text: str | None = None  # where to get help, in your own words; replaces the locale's lines
     rollout_metric: bool = True  # GRPO steps report risk_high_frac / risk_elevated_frac over their rollouts
-    # The conversation head (escrag/safety_conv.py): a softmax regression over a language model's hidden
+    # The conversation head (escrag/safety/heads.py): a softmax regression over a language model's hidden
     # states of the whole conversation; the numbers below were chosen on round 6's dev half
     # (results/safety-designs), never on data/safety/eval.jsonl.
     backbone: str | None = "packaged:smollm2-135m-instruct"  # None: no conversation head
@@ -214,7 +214,7 @@ class SafetyConfig:
 
 @dataclass
 class EndpointConfig:
-    """An OpenAI-compatible chat endpoint (``escrag/endpoints.py``): a judge, a baseline, a simulator."""
+    """An OpenAI-compatible chat endpoint (``escrag/llm/endpoint.py``): a judge, a baseline, a simulator."""
 
     base_url: str = ""  # up to and including /v1, e.g. https://api.openai.com/v1
     model: str = ""  # the "model" field of each request
@@ -310,7 +310,7 @@ class OpenRLHFConfig:
 
 @dataclass
 class JudgeConfig:
-    """The seven-metric LLM judge (``escrag/judge.py``; paper 4.1 and Appendix A.2)."""
+    """The seven-metric LLM judge (``escrag/llm/judge.py``; paper 4.1 and Appendix A.2)."""
 
     endpoint: str | None = None  # a name in ``endpoints``; None: no judge (offline proxy only)
     template: str = "judge_v1"  # escrag/templates/<template>.txt; recorded with every score
@@ -376,7 +376,7 @@ class EvalConfig:
 
 @dataclass
 class PrefsConfig:
-    """ESC-Preference construction (``escrag prefs build``, ``escrag/preference.py``; paper 3.2, App. A).
+    """ESC-Preference construction (``escrag prefs build``, ``escrag/preference/build.py``; paper 3.2, App. A).
 
     Roles name endpoints in ``endpoints``; the evaluator scores with the ``judge`` section's template,
     temperature, max_tokens and json_mode (intermediate selection and the seven-metric evaluation)."""

@@ -9,7 +9,7 @@ Owns: the exception classes whose message is the whole story for a person, and `
   its subclasses.
 - ``ServiceError``: a service the job depends on failed for good (down past its wait, or answering
   nonsense). Entry points report it as one line and exit 1; it is not the user's input.
-- ``Overloaded``: a server's queue is full; servers answer 503 with ``Retry-After`` (``escrag.serving``).
+- ``Overloaded``: a server's queue is full; servers answer 503 with ``Retry-After`` (``escrag.web.serving``).
 
 ``run_main(prog, fn)`` runs a job's body and turns these into a clean message and exit code; the
 ``escrag`` CLI and every ``python -m ray_jobs.<job>`` go through it.

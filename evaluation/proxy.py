@@ -146,7 +146,7 @@ async def _score(url: str, cfg: Config, todo: list, cache: JsonlCache, batch: in
 def rm_scores(cfg: Config, run_dir: Path, records: list, histories: dict, config_file: Path,
               log_fn=print) -> dict:
     """answer key -> proxy RM score of the client-facing response, through a cache."""
-    from escrag.servers import ServerProcess
+    from escrag.web.procs import ServerProcess
 
     rm_dir = Path(cfg.eval.proxy.rm_dir)
     check_proxy_rm(cfg, rm_dir)

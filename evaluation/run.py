@@ -7,7 +7,7 @@ Owns: the order of the run and its folder (``run.output_dir``):
     states.jsonl           the sampled test states (id, history, gold reply)
     cache/answers.jsonl    one line per answered (system, state): key -> answer
     cache/judgments.jsonl  one line per judged (history, response): key -> judge result
-    calls.jsonl            every LLM and counselor call this run made (escrag.endpoints.CallLog)
+    calls.jsonl            every LLM and counselor call this run made (escrag.llm.endpoint.CallLog)
     per_state.jsonl        one line per (state, system): the answer, its seven scores and
                            ``answer_risk`` (the crisis check of the conversation + the answer)
     table1.md/.csv         Table 1 layout; table2.md/.csv when eval.table2 names rows;
@@ -18,7 +18,7 @@ Owns: the order of the run and its folder (``run.output_dir``):
     logs/                  the started servers' logs
 
 A rerun finds every answer and judgment in the cache and makes no call (keys: ``evaluation.systems
-.answer_key``, ``escrag.judge.Judge.key``). An answer or a judgment whose endpoint failed for good is
+.answer_key``, ``escrag.llm.judge.Judge.key``). An answer or a judgment whose endpoint failed for good is
 not cached: the run writes what it has, says how many failed, exits 1, and the next run retries them.
 An answer the judge left malformed after its repair call is cached and counted in the tables.
 """
@@ -35,10 +35,11 @@ from tqdm import tqdm
 from escrag.atomic import atomic_file, write_json
 from escrag.cache import JsonlCache
 from escrag.config import Config, load_config, to_dict
-from escrag.endpoints import CallLog, ChatEndpoint, EndpointError
 from escrag.errors import UserError
-from escrag.judge import Judge
-from escrag.safety import RiskClassifier, level_counts, with_answer
+from escrag.llm.endpoint import CallLog, ChatEndpoint, EndpointError
+from escrag.llm.judge import Judge
+from escrag.safety.classifier import RiskClassifier
+from escrag.safety.types import level_counts, with_answer
 from escrag.seeds import derive_seed
 from evaluation import systems as sysmod
 from evaluation.states import sample_states, write_states

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from escrag.cache import content_key
 from escrag.config import Config, ConfigError, EndpointConfig, EvalSystemConfig, from_dict, to_dict
-from escrag.endpoints import CallLog, ChatEndpoint, ChatResult
 from escrag.errors import ServiceError
-from escrag.servers import ServerProcess
+from escrag.llm.endpoint import CallLog, ChatEndpoint, ChatResult
+from escrag.web.procs import ServerProcess
 
 # ----------------------------------------------------------------------------- config checks
 

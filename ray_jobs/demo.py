@@ -62,7 +62,7 @@ async def _answer_all(cfg: Config, policy: str, states, retriever_url: str, rewa
     from escrag.seeds import derive_seed
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
-    from rollout.engine import make_engine
+    from rollout.engines import make_engine
     from rollout.episode import answer, engine_chat
 
     chat = engine_chat(make_engine(cfg, model_spec=policy), cfg)  # one engine: the answers share batches

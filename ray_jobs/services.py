@@ -19,7 +19,7 @@ from pathlib import Path
 
 from escrag.config import run_paths
 from escrag.errors import ServiceError, UserError
-from escrag.servers import ServerProcess
+from escrag.web.procs import ServerProcess
 
 
 def _require(path: Path, what: str, how: str) -> str:

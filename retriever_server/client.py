@@ -1,7 +1,7 @@
 """Async client of the retriever service, used by the rollout and the counselor API.
 
 Owns: ``RetrieverClient.retrieve(queries, k, exclude_dialogue_ids)`` over
-``escrag.http_client.AsyncJsonClient`` (timeout per attempt, retries with backoff on connection errors,
+``escrag.web.client.AsyncJsonClient`` (timeout per attempt, retries with backoff on connection errors,
 429 and 5xx for up to ``retriever.wait_s``, a ``ServiceError`` naming the URL after the last try) plus
 a check that the answer has one hit list per query.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from escrag.config import RetrieverConfig
-from escrag.http_client import AsyncJsonClient, ServiceError
+from escrag.web.client import AsyncJsonClient, ServiceError
 
 
 class RetrieverClient:

@@ -1,7 +1,7 @@
 """The retriever HTTP service: ``escrag serve retriever --index DIR``.
 
 Owns: ``build_app(service, ...)`` (thin routes over ``RetrieverService``, the shared guard of
-``escrag.serving``: auth, body limit, 4xx JSON errors, ``/health``, ``/metrics``) and the command
+``escrag.web.serving``: auth, body limit, 4xx JSON errors, ``/health``, ``/metrics``) and the command
 handler ``main(args)``, which checks the index's manifest against the embedder before loading any
 model, so that a mismatch fails in a second with a clear message.
 
@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from escrag.config import load_config
-from escrag.serving import add_common, serve
+from escrag.web.serving import add_common, serve
 from retriever_server.protocol import RetrieveRequest
 from retriever_server.service import RetrieverService
 

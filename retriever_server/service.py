@@ -13,9 +13,9 @@ Paper mapping: eq. 8's retriever R(ĉ): the query is the stage-1 response text, 
 
 from __future__ import annotations
 
-from escrag.batching import MicroBatcher
 from escrag.embed import Embedder
 from escrag.errors import UserError
+from escrag.web.batching import MicroBatcher
 from retriever_server.index import VectorIndex
 
 

@@ -1,6 +1,6 @@
 """The async client the rollout uses to score outputs on a reward server.
 
-Owns: ``RewardClient``, a thin wrapper over ``escrag.http_client.AsyncJsonClient`` (timeout per
+Owns: ``RewardClient``, a thin wrapper over ``escrag.web.client.AsyncJsonClient`` (timeout per
 attempt, retries with backoff on connection errors, 429 and 5xx for up to ``reward.wait_s``, a final
 ``ServiceError`` naming the URL). It also checks that the server answered one score per item.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from escrag.config import RewardConfig
-from escrag.http_client import AsyncJsonClient, ServiceError
+from escrag.web.client import AsyncJsonClient, ServiceError
 
 KEYS = ("rewards", "rm_scores", "format_rewards")
 

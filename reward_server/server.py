@@ -1,9 +1,9 @@
 """The reward HTTP service: ``escrag serve reward --rm DIR`` (or ``--rule NAME[:ARG]``).
 
 Owns: ``build_app(service)`` (thin routes over ``RewardService``; auth, size limit, 4xx shapes,
-``/health`` and ``/metrics`` from ``escrag.serving.add_common``) and the CLI handler ``main``.
+``/health`` and ``/metrics`` from ``escrag.web.serving.add_common``) and the CLI handler ``main``.
 Routes: ``POST /score``, ``POST /get_reward``, ``GET /health``, ``GET /metrics``; shapes in
-``reward_server.protocol``. A full queue answers 503 with ``Retry-After`` (``escrag.serving``).
+``reward_server.protocol``. A full queue answers 503 with ``Retry-After`` (``escrag.web.serving``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from escrag.config import load_config
-from escrag.serving import add_common, serve
+from escrag.web.serving import add_common, serve
 from reward_server.protocol import GetRewardRequest, ScoreRequest, ScoreResponse
 from reward_server.service import RewardService
 

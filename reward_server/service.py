@@ -3,7 +3,7 @@
 Owns: ``RewardService``. Each item's output is parsed once: the format reward comes from
 ``escrag.formats.format_reward``; the scorer sees ``escrag.formats.response_text`` (the ``<response>``
 block when the format parses, else the whole output). Items of concurrent requests are coalesced by
-``escrag.batching.MicroBatcher`` into scorer batches of at most ``max_batch``; when more than
+``escrag.web.batching.MicroBatcher`` into scorer batches of at most ``max_batch``; when more than
 ``max_queue`` items wait, ``score`` raises ``QueueFull`` (HTTP 503 + Retry-After).
 
 The scorer is the reward model (``RewardModel.score``) or a rule from ``reward_server.rules``; both
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from escrag.batching import MicroBatcher, QueueFull
 from escrag.errors import UserError
 from escrag.formats import format_reward, response_text
+from escrag.web.batching import MicroBatcher, QueueFull
 from reward_server.protocol import prompt_history, query_output
 
 Scorer = Callable[[list[tuple[list[dict], str]]], tuple[list[float], list[bool]]]
@@ -57,7 +57,7 @@ class RewardService:
         return cls(rm.score, "rm", rc, info)
 
     def attach_metrics(self, metrics) -> None:
-        """Export batch sizes, items, truncations and 503s on an ``escrag.serving.AppMetrics``."""
+        """Export batch sizes, items, truncations and 503s on an ``escrag.web.serving.AppMetrics``."""
         self._prom = {
             "items": metrics.counter("escrag_reward_items", "items scored"),
             "truncations": metrics.counter("escrag_reward_truncations",

@@ -33,9 +33,9 @@ from escrag.config import Config
 from escrag.data import DialogueState
 from escrag.formats import parse_output, reply_text, response_text
 from escrag.records import Sample, ScoredGroup, TokenSequence
-from escrag.safety import level_counts, with_answer
+from escrag.safety.types import level_counts, with_answer
 from escrag.seeds import derive_seed
-from rollout.engine import EngineScheduler, Generation, GenerationEngine, SamplingParams
+from rollout.engines.base import EngineScheduler, Generation, GenerationEngine, SamplingParams
 
 Chat = Callable[[list[dict], int, "int | None"], Awaitable[str]]  # (messages, stage, seed) -> output
 _ACTION = "\u2063ESCRAG-ACTION\u2063"  # stands for ĉ while the chat template renders the feedback turn

@@ -26,7 +26,7 @@ executor does not give, and how we get them:
   special-token-free text (as the local engines decode it) on each request.
 - Whether ĉ ended with EOS (the feedback then does not close its turn again). ``step`` sees only the
   action text, which leaves EOS out; the stage engine notes it per action from vLLM's output (finish
-  reason "stop" without a stop reason, as ``rollout/vllm_engine.py`` reads it) and the agent reads it
+  reason "stop" without a stop reason, as ``rollout/engines/vllm_engine.py`` reads it) and the agent reads it
   through a context variable set per episode (each episode runs in its own asyncio task, so episodes
   never see each other's).
 
@@ -51,7 +51,7 @@ from escrag.config import Config, from_dict, to_dict
 from retriever_server.client import RetrieverClient
 from reward_server.client import RewardClient
 from rollout import episode
-from rollout.engine import SamplingParams
+from rollout.engines.base import SamplingParams
 
 _LABEL_SECTIONS = ("data", "retriever", "rollout")  # the config sections the episode functions read
 

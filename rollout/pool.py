@@ -102,7 +102,7 @@ class RolloutPool:
         every worker, waiting until each has them (a worker busy generating loads them after its
         calls already queued there). A worker that is dead right now gets them when it next generates."""
         if version <= self.version:
-            from rollout.engine import StaleWeightsError
+            from rollout.engines.base import StaleWeightsError
 
             raise StaleWeightsError(f"weights version {version} is not newer than {self.version}")
         ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)

@@ -34,7 +34,7 @@ class RolloutWorker:
         import torch
 
         from escrag.models import actor_env
-        from rollout.engine import make_engine
+        from rollout.engines import make_engine
         from rollout.episode import as_scheduler
 
         actor_env()
@@ -49,7 +49,7 @@ class RolloutWorker:
         self.reward = RewardClient(reward_url, cfg.reward, api_key)
         self.risk = None  # one crisis check per worker process: the risk metric of every rollout
         if cfg.safety.rollout_metric:
-            from escrag.safety import RiskClassifier
+            from escrag.safety.classifier import RiskClassifier
 
             self.risk = RiskClassifier.from_config(cfg, run=self.engine.call)  # on the engine's thread
         self._lock = asyncio.Lock()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from escrag.servers import ServerProcess, free_port  # noqa: F401  (free_port: used by tests)
+from escrag.web.procs import ServerProcess, free_port  # noqa: F401  (free_port: used by tests)
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -42,7 +42,7 @@ def safety_cache() -> None:
     that converts SmolLM2 (its backbone) into $ESCRAG_CACHE, and fits the heads when data/safety/heads/
     has none for this config (~2.5 min), so the servers load within their /health wait."""
     from escrag.config import load_config
-    from escrag.safety import RiskClassifier
+    from escrag.safety.classifier import RiskClassifier
 
     RiskClassifier.from_config(load_config("configs/cpu-test.yaml"))
 

@@ -44,7 +44,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from escrag.servers import free_port
+from escrag.web.procs import free_port
 
 
 @dataclass

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from escrag.batching import MicroBatcher, QueueFull
+from escrag.web.batching import MicroBatcher, QueueFull
 
 
 def test_concurrent_requests_are_coalesced_in_order():

@@ -20,7 +20,7 @@ import pytest
 
 from escrag.config import load_config
 from escrag.data import load_states
-from escrag.servers import ServerProcess
+from escrag.web.procs import ServerProcess
 
 ARGS = ["-o", "rollout.max_new_tokens_stage1=8", "-o", "rollout.max_new_tokens_stage2=12",
         "-o", "retriever.k=2", "-o", "rollout.torch_threads=1"]
@@ -104,8 +104,8 @@ def test_no_retriever_is_a_cli_error(tiny_model):
 
 def test_answer_in_process(urls, tiny_model):
     from retriever_server.client import RetrieverClient
+    from rollout.engines.hf_engine import HFEngine
     from rollout.episode import answer, engine_chat
-    from rollout.hf_engine import HFEngine
 
     cfg = load_config("configs/cpu-test.yaml", [a for a in ARGS if a != "-o"])
     chat = engine_chat(HFEngine(tiny_model, cfg.rollout), cfg)

@@ -9,7 +9,7 @@ Run: .venv/bin/python -m pytest -q tests/test_counselor_safety.py"""
 import openai
 import pytest
 
-from escrag.servers import ServerProcess
+from escrag.web.procs import ServerProcess
 
 ARGS = ["--config", "configs/cpu-test.yaml", "-o", "rollout.max_new_tokens_stage1=8", "-o",
         "rollout.max_new_tokens_stage2=8", "-o", "rollout.torch_threads=1", "-o", "safety.locale=uk"]

@@ -13,8 +13,8 @@ import torch
 from escrag.config import load_config
 from escrag.prompts import render, stage1_messages
 from escrag.sampling import sample
-from rollout.engine import EngineScheduler, SamplingParams, StaleWeightsError
-from rollout.hf_engine import HFEngine
+from rollout.engines.base import EngineScheduler, SamplingParams, StaleWeightsError
+from rollout.engines.hf_engine import HFEngine
 
 
 def params(n, temperature, top_p=1.0, top_k=0, stop_strings=()):

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from escrag.config import load_config
-from rollout.engine import SamplingParams
-from rollout.hf_engine import HFEngine
+from rollout.engines.base import SamplingParams
+from rollout.engines.hf_engine import HFEngine
 
 RO = load_config("configs/cpu-test.yaml").rollout  # float32, compile off
 PROMPTS = [[1, 504, 2088, 314, 253, 1345, 28, 940, 446], [1, 9519, 28, 940, 446, 2], [1, 77, 78, 79, 80]]

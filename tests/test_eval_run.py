@@ -174,7 +174,7 @@ def test_rag_systems_k_sweep_tables_and_cache(tmp_path, index):
 
 
 def test_answer_risk_counts_high_and_elevated_answers_per_system():
-    from escrag.safety import RiskClassifier
+    from escrag.safety.classifier import RiskClassifier
     from evaluation.run import answer_risk
 
     histories = {"crisis/1": [{"role": "user", "content": "My husband held a knife to my throat an hour ago."}],

@@ -15,9 +15,9 @@ import pytest
 from openai_double import OpenAIDouble, Reply
 
 from escrag.config import ConfigError, EndpointConfig, JudgeConfig
-from escrag.endpoints import CallLog, ChatEndpoint, EndpointError
 from escrag.errors import UserError
-from escrag.judge import Judge, JudgeTemplate, parse_scores
+from escrag.llm.endpoint import CallLog, ChatEndpoint, EndpointError
+from escrag.llm.judge import Judge, JudgeTemplate, parse_scores
 from escrag.pairs import METRICS
 
 SCORES = {"EI": 7, "NE": 8, "TA": 6, "SC": 5, "TH": 4, "SF": 9, "PT": 3}

@@ -1,5 +1,5 @@
 """The GRPO learner (trainer/learner.py) on the tiny random Qwen2, with real rollouts from the
-transformers engine (rollout/hf_engine.py): the learner's log-probs match the engine's behaviour
+transformers engine (rollout/engines/hf_engine.py): the learner's log-probs match the engine's behaviour
 log-probs at the sampling temperature (0.7), micro-batching does not change the gradient, gradient
 reaches exactly the loss-mask-1 tokens of a micro-batch that mixes prompt and completion lengths (and
 a masked span in the middle), π_old is recomputed by default when the engine runs in another
@@ -14,7 +14,7 @@ import torch
 from escrag.config import load_config
 from escrag.records import Sample, ScoredGroup, TokenSequence
 from escrag.sampling import token_logprobs
-from rollout.engine import SamplingParams
+from rollout.engines.base import SamplingParams
 from rollout.episode import record
 from trainer.learner import Learner, recompute_old
 
@@ -27,7 +27,7 @@ def _cfg(tiny_model, *over):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from rollout.hf_engine import HFEngine
+    from rollout.engines.hf_engine import HFEngine
 
     return HFEngine(tiny_model, _cfg(tiny_model).rollout, seed=0)
 
@@ -166,7 +166,7 @@ def test_lora_reference_is_the_adapter_switched_off(tiny_model, engine):
 
 
 def test_exported_lora_weights_reproduce_the_policy_in_an_engine(tiny_model):
-    from rollout.hf_engine import HFEngine
+    from rollout.engines.hf_engine import HFEngine
 
     learner = Learner(_cfg(tiny_model, "policy.lora.enabled=true", "policy.lora.r=4"))
     with torch.no_grad():

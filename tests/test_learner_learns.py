@@ -42,7 +42,7 @@ def _run(tmp_path, reward_url: str, lr: float) -> list[float]:
 @pytest.fixture(scope="module")
 def vowels_server(tmp_path_factory):
     """A real reward server process (module-scoped so both runs share it)."""
-    from escrag.servers import ServerProcess
+    from escrag.web.procs import ServerProcess
 
     server = ServerProcess("reward", ["reward", "--rule", "vowels"], tmp_path_factory.mktemp("rm"))
     yield server.url

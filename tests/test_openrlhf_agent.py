@@ -24,13 +24,13 @@ pytest.importorskip("openrlhf.utils.agent", reason="make install adds the no-dep
 from escrag.config import ConfigError, RolloutConfig, load_config  # noqa: E402
 from escrag.data import load_states  # noqa: E402
 from escrag.seeds import derive_seed  # noqa: E402
-from escrag.servers import ServerProcess  # noqa: E402
+from escrag.web.procs import ServerProcess  # noqa: E402
 from retriever_server.client import RetrieverClient  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
 from rollout import episode  # noqa: E402
 from rollout import openrlhf_agent as agent  # noqa: E402
-from rollout.engine import SamplingParams  # noqa: E402
-from rollout.hf_engine import HFEngine  # noqa: E402
+from rollout.engines.base import SamplingParams  # noqa: E402
+from rollout.engines.hf_engine import HFEngine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE = "length:8"

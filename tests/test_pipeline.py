@@ -23,7 +23,7 @@ import torch
 from escrag.config import RolloutConfig, load_config, run_paths, to_dict
 from escrag.data import load_states
 from escrag.records import Sample, ScoredGroup
-from rollout.engine import SamplingParams
+from rollout.engines.base import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE_KEYS = {  # what paper-tiny may change: names, sizes, stand-in models and data, this machine
@@ -83,7 +83,7 @@ def test_pipeline_runs_every_stage_then_skips_them(run, ray_session):
 
 def test_grpo_starts_from_the_sft_weights(run):
     from ray_jobs.pipeline import grpo_config
-    from rollout.engine import make_engine
+    from rollout.engines import make_engine
     from trainer.learner import Learner
 
     out, _ = run
@@ -139,7 +139,7 @@ def _groups(engine, n_groups=2, n=4, seed=0):
 
 
 def test_pushed_weights_equal_the_learners(tiny_model):
-    from rollout.hf_engine import HFEngine
+    from rollout.engines.hf_engine import HFEngine
     from trainer.learner import Learner
 
     cfg = load_config("configs/paper-tiny.yaml", ["grpo.lr=1e-3"])
@@ -163,7 +163,7 @@ def _train(cfg, steps: int, groups) -> dict:
 
 
 def test_bfloat16_preset_trains_like_float32_at_lr_1e6(tiny_model):
-    from rollout.hf_engine import HFEngine
+    from rollout.engines.hf_engine import HFEngine
 
     groups = _groups(HFEngine(tiny_model, RolloutConfig(), seed=0))
     steps = 10

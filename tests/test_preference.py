@@ -1,4 +1,4 @@
-"""ESC-Preference construction (escrag/preference.py) against the scripted OpenAI-protocol double.
+"""ESC-Preference construction (escrag/preference/build.py) against the scripted OpenAI-protocol double.
 
 Checks: ``dominates`` (ties, strictness, the three-metric rule, missing / unknown / out-of-range metrics
 raise); the typed stage records and the evaluator's ratings parse strictly; config and split checks
@@ -27,7 +27,7 @@ from openai_double import OpenAIDouble, Reply
 from escrag.config import ConfigError, from_dict, load_config
 from escrag.data import DataError
 from escrag.pairs import METRICS, load_pairs
-from escrag.preference import (
+from escrag.preference.build import (
     CounselingStage,
     PsychState,
     Strategy,

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from escrag.servers import ServerProcess
+from escrag.web.procs import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from escrag.config import load_config
 from escrag.data import load_dialogues, load_states
 from escrag.errors import UserError
 from escrag.pairs import bootstrap_pairs, write_pairs
-from escrag.servers import ServerProcess
+from escrag.web.procs import ServerProcess
 from evaluation.proxy import LABEL, check_held_out, rm_dialogues, write_proxy_report
 from evaluation.systems import validate
 from reward_server.client import RewardClient

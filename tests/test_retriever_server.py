@@ -14,7 +14,7 @@ from conftest import free_port
 
 from escrag import cli
 from escrag.config import RetrieverConfig
-from escrag.http_client import ServiceError
+from escrag.web.client import ServiceError
 from retriever_server.client import RetrieverClient
 from retriever_server.corpus import embed_text
 

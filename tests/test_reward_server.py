@@ -14,7 +14,7 @@ import pytest
 
 from escrag.config import RewardConfig
 from escrag.errors import UserError
-from escrag.http_client import ServiceError
+from escrag.web.client import ServiceError
 from reward_server.client import RewardClient
 from reward_server.protocol import prompt_history
 from reward_server.rules import parse_rule

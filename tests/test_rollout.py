@@ -24,13 +24,13 @@ import torch
 from escrag.config import load_config
 from escrag.data import load_states
 from escrag.formats import format_reward, response_text
-from escrag.servers import ServerProcess
+from escrag.web.procs import ServerProcess
 from retriever_server.client import RetrieverClient
 from reward_server.client import RewardClient
 from reward_server.rules import parse_rule
-from rollout.engine import EngineScheduler
+from rollout.engines.base import EngineScheduler
+from rollout.engines.hf_engine import HFEngine
 from rollout.episode import feedback_ids, prompt_ids, retrieval_query, run_group, run_groups, stage1_messages
-from rollout.hf_engine import HFEngine
 
 RULE = "length:8"
 OVERRIDES = ["rollout.group_size=3", "rollout.temperature=0.8", "rollout.max_new_tokens_stage1=10",
@@ -173,7 +173,7 @@ def _uniform_logprob(engine):
 
 def test_risk_metric_counts_high_risk_rollouts(engine, servers):
     from escrag.data import DialogueState
-    from escrag.safety import RiskClassifier
+    from escrag.safety.classifier import RiskClassifier
     from trainer.learner import reward_metrics
 
     cfg = _cfg()

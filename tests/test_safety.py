@@ -1,4 +1,4 @@
-"""The crisis check (escrag/safety.py, docs/safety.md) with the real all-MiniLM-L6-v2 head fitted on
+"""The crisis check (escrag/safety/, docs/safety.md) with the real all-MiniLM-L6-v2 head fitted on
 data/safety/tuning.jsonl: the tuning and evaluation sets stay apart (no evaluation case, nor a light
 edit of one, is in the tuning data; the check itself catches planted copies); every high tuning case of
 every category is caught and idioms, grief and elevated cases are not high; negation, a resolved past,
@@ -22,18 +22,12 @@ import pytest
 from escrag.config import ConfigError, load_config
 from escrag.data import DataError
 from escrag.models import cache_dir
-from escrag.safety import (
-    CATEGORIES,
-    RiskAssessment,
-    RiskClassifier,
-    head_key,
-    load_cases,
-    safety_reply,
-    with_answer,
-    with_conversation,
-)
-from escrag.safety_conv import conv_head_key
-from escrag.safety_eval import embedding_duplicates, evaluate, near_duplicates, shared_turn_sequences
+from escrag.safety.cases import load_cases
+from escrag.safety.classifier import RiskClassifier, with_conversation
+from escrag.safety.evaluation import embedding_duplicates, evaluate, near_duplicates, shared_turn_sequences
+from escrag.safety.heads import conv_head_key, head_key
+from escrag.safety.reply import safety_reply
+from escrag.safety.types import CATEGORIES, RiskAssessment, with_answer
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +54,7 @@ def test_tuning_set_covers_every_category_and_kind():
 
 
 def test_no_evaluation_case_is_in_the_tuning_data(clf):
-    from escrag.safety import SAFETY_DIR
+    from escrag.safety.cases import SAFETY_DIR
 
     files = sorted(SAFETY_DIR.glob("tuning*.jsonl"))  # every round of tuning data, present and future
     assert [f.name for f in files] == ["tuning-round6.jsonl", "tuning-round7.jsonl", "tuning.jsonl"]
@@ -90,7 +84,7 @@ import os, sys
 opened = []
 sys.addaudithook(lambda e, a: opened.append(os.fsdecode(a[0])) if e == "open" and isinstance(a[0], (str, os.PathLike)) else None)
 from escrag.config import load_config
-from escrag.safety import RiskClassifier
+from escrag.safety.classifier import RiskClassifier
 cfg = load_config("configs/cpu-test.yaml", ["safety.tuning={mine}", "safety.conv_tuning=[{mine}]"])
 clf = RiskClassifier.from_config(cfg)
 assert clf.head is not None and clf.conv is not None
@@ -114,7 +108,7 @@ def test_design_study_judges_on_a_dev_half_of_round6_and_never_reads_eval():
     import ast
     import importlib.util
 
-    from escrag.safety import SAFETY_DIR
+    from escrag.safety.cases import SAFETY_DIR
 
     path = "results/safety-designs/study.py"
     spec = importlib.util.spec_from_file_location("safety_design_study", path)
@@ -139,8 +133,8 @@ def test_design_study_judges_on_a_dev_half_of_round6_and_never_reads_eval():
 def test_conversation_head_is_fitted_without_round6_dev_groups_and_round7_copies_none():
     from escrag.config import SafetyConfig
     from escrag.embed import load_embedder
-    from escrag.safety_conv import dev_group, fit_cases
-    from escrag.safety_eval import embedding_duplicates, near_duplicates, shared_turn_sequences
+    from escrag.safety.cases import dev_group, fit_cases
+    from escrag.safety.evaluation import embedding_duplicates, near_duplicates, shared_turn_sequences
 
     paths, fit = fit_cases(SafetyConfig())
     assert [p.name for p in paths] == ["tuning.jsonl", "tuning-round6.jsonl", "tuning-round7.jsonl"]
@@ -159,7 +153,8 @@ def test_shipped_heads_are_the_default_configs_and_are_used():
     tuning files and settings: a changed tuning file without ``escrag safety fit-heads`` fails here),
     and the classifier loads them from there, not from $ESCRAG_CACHE."""
     from escrag.config import SafetyConfig
-    from escrag.safety import HEADS_DIR, head_file, resolve_cases
+    from escrag.safety.cases import resolve_cases
+    from escrag.safety.heads import HEADS_DIR, head_file
 
     def names(sc):
         return {f"safety-head-{head_key(sc, resolve_cases(sc.tuning))}.npz", f"safety-conv-{conv_head_key(sc)}.npz"}
@@ -178,13 +173,13 @@ def test_fit_heads_reproduces_the_shipped_heads(tmp_path, monkeypatch):
     dev half match the shipped heads' (embeddings differ in the last bits with the thread count)."""
     from argparse import Namespace
 
-    from escrag import safety
-    from escrag.safety import EmbeddingHead, _case_sentences
-    from escrag.safety_conv import ConversationHead, dev_group
+    from escrag.safety import cli, heads
+    from escrag.safety.cases import dev_group
+    from escrag.safety.heads import ConversationHead, EmbeddingHead, _case_sentences
 
-    shipped = safety.HEADS_DIR
-    monkeypatch.setattr(safety, "HEADS_DIR", tmp_path)
-    assert safety.fit_heads_main(Namespace(config=None, override=[])) == 0
+    shipped = heads.HEADS_DIR
+    monkeypatch.setattr(heads, "HEADS_DIR", tmp_path)
+    assert cli.fit_heads_main(Namespace(config=None, override=[])) == 0
     assert sorted(p.name for p in tmp_path.glob("*.npz")) == sorted(p.name for p in shipped.glob("*.npz"))
     clf = RiskClassifier.from_config(load_config(None))
     dev = [c for c in load_cases("tuning-round6") if dev_group(c)]
@@ -332,7 +327,7 @@ def test_a_later_turn_cannot_talk_an_earlier_risk_away(clf):
 def test_backbone_features_do_not_depend_on_the_batch():
     """A conversation's features are the same alone and padded in a batch of longer ones (right
     padding, pooled over its own tokens only)."""
-    from escrag.safety_conv import Backbone
+    from escrag.safety.backbone import Backbone
 
     bb = Backbone("tiny-random:llama", [1, 2], batch=4)
     short, long = _user("hi there"), _user("a much longer message " * 20, "ok", "and a few more words here")
@@ -350,7 +345,7 @@ def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(
     from transformers import AutoModelForCausalLM
 
     from escrag.models import resolve_model
-    from escrag.safety_conv import Backbone, render
+    from escrag.safety.backbone import Backbone, render
 
     shutil.copytree(resolve_model("tiny-random:llama"), tmp_path / "m")
     torch.manual_seed(0)

@@ -25,7 +25,7 @@ import torch
 
 from escrag.config import ConfigError, load_config
 from escrag.records import Sample, ScoredGroup
-from rollout.engine import SamplingParams
+from rollout.engines.base import SamplingParams
 from rollout.episode import record
 from trainer.learner import learner_options, place, split_stale
 from trainer.metrics import read_metrics
@@ -127,7 +127,7 @@ def _trainable(actor) -> dict:
 def test_a_group_older_than_k_versions_is_never_trained(ray_session, tiny_model):
     import ray
 
-    from rollout.hf_engine import HFEngine
+    from rollout.engines.hf_engine import HFEngine
     from trainer.learner import start_learner
 
     cfg = place(_cfg(f"policy.model={tiny_model}", "grpo.max_staleness=1", "grpo.recompute_old_logprobs=true",
@@ -173,7 +173,7 @@ def test_a_group_older_than_k_versions_is_never_trained(ray_session, tiny_model)
 
 @pytest.fixture(scope="module")
 def vowels_server(tmp_path_factory):
-    from escrag.servers import ServerProcess
+    from escrag.web.procs import ServerProcess
 
     server = ServerProcess("reward", ["reward", "--rule", "vowels"], tmp_path_factory.mktemp("rm"))
     yield server.url

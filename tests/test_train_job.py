@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from escrag.servers import ServerProcess
+from escrag.web.procs import ServerProcess
 from trainer.checkpoint import StateSampler
 from trainer.metrics import read_metrics
 

@@ -6,7 +6,7 @@ Writes results/safety-designs/finetune.json and prints the table.
 
 The same fit / dev split as study.py (fit = tuning.jsonl + round 6's even groups; dev = round 6's odd
 groups, fitted on by nothing); the evaluation set is never opened. The design: the shipped
-conversation head (escrag/safety_conv.py: SmolLM2-135M-Instruct states after layers 8, 16, 24,
+conversation head (escrag/safety/heads.py: SmolLM2-135M-Instruct states after layers 8, 16, 24,
 averaged over the rendered conversation, then a softmax regression) as the starting point, then LoRA
 adapters on every projection of every layer and the regression trained together on the fit cases
 (class-balanced cross-entropy, bfloat16 autocast over float32 weights). Dev AUC and recall per
@@ -31,8 +31,15 @@ from study import scores  # noqa: E402
 
 from escrag.atomic import write_json  # noqa: E402
 from escrag.config import SafetyConfig  # noqa: E402
-from escrag.safety import CATEGORIES, RiskClassifier, load_cases  # noqa: E402
-from escrag.safety_conv import case_labels, dev_group, fit_cases, render  # noqa: E402
+from escrag.safety.backbone import render  # noqa: E402
+from escrag.safety.cases import (  # noqa: E402
+    case_labels,
+    dev_group,
+    fit_cases,
+    load_cases,  # noqa: E402
+)
+from escrag.safety.classifier import RiskClassifier  # noqa: E402
+from escrag.safety.types import CATEGORIES  # noqa: E402
 
 OUT = HERE / "finetune.json"
 

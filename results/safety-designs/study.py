@@ -10,9 +10,9 @@ the split; ``dev_group``). Round 6 was written from docs/safety.md's categories 
 shipped fitting, so the dev half is as unseen by the shipped detector as the evaluation set:
 data/safety/eval.jsonl is never opened here (tests/test_safety.py checks this file names it nowhere).
 
-Designs. The detector before this study (layers 1-4 of escrag/safety.py: rules, then rules + the
+Designs. The detector before this study (layers 1-4 of escrag/safety/: rules, then rules + the
 MiniLM sentence head fitted on tuning.jsonl only), a regression over the all-MiniLM-L6-v2 embedding of
-the joined client turns, the conversation head alone (escrag/safety_conv.py: SmolLM2-135M-Instruct
+the joined client turns, the conversation head alone (escrag/safety/heads.py: SmolLM2-135M-Instruct
 hidden states at layers 8, 16, 24 averaged over the rendered conversation and a risk question) as one
 six-class regression (held-out run 3's) and as shipped (high vs not high, then the category), the
 detector as shipped (layers 1-5, ``RiskClassifier``), the shipped head over every client-turn
@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 from escrag.atomic import write_json  # noqa: E402
 from escrag.config import SafetyConfig  # noqa: E402
-from escrag.safety import CATEGORIES, RiskClassifier, load_cases, with_conversation  # noqa: E402
-from escrag.safety_conv import case_labels, dev_group, fit_cases  # noqa: E402
+from escrag.safety.cases import case_labels, dev_group, fit_cases, load_cases  # noqa: E402
+from escrag.safety.classifier import RiskClassifier, with_conversation  # noqa: E402
+from escrag.safety.types import CATEGORIES  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "study.json"
 THRESHOLDS = (0.5, 0.7, 0.85, 0.9, 0.95)
@@ -52,7 +53,7 @@ def levels(clf: RiskClassifier, cases: list[dict]) -> np.ndarray:
 def minilm_p_high(fit: list[dict], dev: list[dict], c: float) -> np.ndarray:
     """A regression over the MiniLM embedding of the joined client turns, fitted like the conversation head."""
     from escrag.embed import load_embedder
-    from escrag.safety_conv import fit_conversation_head
+    from escrag.safety.heads import fit_conversation_head
 
     emb = load_embedder("packaged:minilm")
 
@@ -78,7 +79,7 @@ def learning_curve(fit: list[dict], fit_feats: np.ndarray, dev_feats: np.ndarray
     more tuning data of the same kind would buy."""
     from sklearn.metrics import roc_auc_score
 
-    from escrag.safety_conv import fit_conversation_head
+    from escrag.safety.heads import fit_conversation_head
 
     rng, out = np.random.default_rng(0), {}
     for frac in (0.125, 0.25, 0.5, 0.75, 1.0):

@@ -36,7 +36,7 @@ EOF
 serve() {  # VAR name args... : start `escrag serve args`, set VAR to its URL once /health answers
   local var=$1 name=$2; shift 2
   local port
-  port=$("$PY" -c 'from escrag.servers import free_port; print(free_port())')
+  port=$("$PY" -c 'from escrag.web.procs import free_port; print(free_port())')
   "$PY" -m escrag serve "$@" --port "$port" >"$RUN/logs/$name.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 1 240); do

@@ -15,7 +15,7 @@ CONVS = [[{"role": "user", "content": "I have the pills counted out and I wrote 
 
 
 def test_gpu_backbone_gives_the_cpu_states():
-    from escrag.safety_conv import Backbone
+    from escrag.safety.backbone import Backbone
 
     cpu, gpu = (Backbone("tiny-random:llama", [1, 2], batch=4, device=d) for d in ("cpu", "cuda"))
     assert next(gpu.lm.parameters()).is_cuda
@@ -26,7 +26,7 @@ def test_gpu_backbone_gives_the_cpu_states():
 
 def test_config_places_the_backbone():
     from escrag.config import load_config
-    from escrag.safety import RiskClassifier
+    from escrag.safety.classifier import RiskClassifier
 
     cfg = load_config("configs/cpu-test.yaml", ["safety.head=false", "safety.conv_device=cuda"])
     clf = RiskClassifier.from_config(cfg)

@@ -9,12 +9,12 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 vllm = pytest.importorskip("vllm")
 
-from rollout.engine import SamplingParams, StaleWeightsError  # noqa: E402
+from rollout.engines.base import SamplingParams, StaleWeightsError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from rollout.vllm_engine import VLLMEngine
+    from rollout.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine(tiny_model, dtype="float32", gpu_memory_utilization=0.3, max_model_len=1024)
 

@@ -3,7 +3,7 @@
 Owns: ``SlotDecoder``. Each row of the running batch owns a slot of the KV cache (per layer
 [slots, kv_heads, max_seq_len, head_dim] in the model's dtype) and keeps its own position there, so
 rows of different lengths decode side by side with no padding and a row can enter a free slot while
-the others keep decoding (continuous batching, ``rollout/hf_engine.py``). ``prefill`` runs the prompts
+the others keep decoding (continuous batching, ``rollout/engines/hf_engine.py``). ``prefill`` runs the prompts
 of rows entering consecutive slots in one pass (K/V of a cached prefix can be copied in first,
 ``copy``/``restore``); ``decode`` runs one token for slots [0, n) and samples inside the step
 (``escrag.sampling.sample``). With ``rollout.compile`` both are compiled with ``torch.compile``: the

@@ -2,7 +2,7 @@
 
 Owns: ``HFEngine`` (sync ``generate``, ``scheduler()`` for concurrent async callers, ``load_weights``,
 ``warmup``) and the prefix cache of finished rows' K/V. The tensor side (slots, prefill, the
-compiled decode step with sampling inside) is ``rollout/decoder.py``.
+compiled decode step with sampling inside) is ``rollout/engines/decoder.py``.
 
 The engine thread. All of the engine's torch work (model load, weight loads, warmup, prefill and
 decode) runs on one thread that the engine owns (``call`` runs more there). Why: PyTorch's CPU ops
@@ -54,8 +54,8 @@ import torch
 
 from escrag.models import load_causal_lm, load_tokenizer, resolve_device
 from escrag.sampling import sample
-from rollout.decoder import SlotDecoder
-from rollout.engine import Generation, GenerationEngine, SamplingParams, stop_position
+from rollout.engines.base import Generation, GenerationEngine, SamplingParams, stop_position
+from rollout.engines.decoder import SlotDecoder
 
 STOP_TAIL_TOKENS = 16  # tokens decoded per step to look for a stop string that just completed
 MIN_REUSE = 16  # shortest cached prefix worth copying instead of recomputing

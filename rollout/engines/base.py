@@ -1,12 +1,12 @@
-"""The generation-engine interface every rollout backend implements.
+"""The generation-engine interface every rollout backend implements, and the types they share.
 
 Owns: ``SamplingParams`` (built from the config: ``SamplingParams.from_config``), ``Generation``,
 ``GenerationEngine`` (batched ``generate`` over token ids with one seed per row, ``load_weights``
 with a monotonically increasing version), ``StaleWeightsError``, the shared stop-string helper,
 ``EngineScheduler`` (serialises engine calls from concurrent episodes and merges the ones that share
 sampling parameters into one batch: for engines that batch one call at a time, i.e. vLLM here; the
-transformers engine batches continuously on its own, ``HFEngine.scheduler``) and ``make_engine``
-(config -> engine).
+transformers engine batches continuously on its own, ``HFEngine.scheduler``).
+(The factory, ``make_engine``, is ``rollout.engines``'s.)
 
 Sampling and log-probs are defined once in ``escrag.sampling``: a row's draw depends only on its
 seed (never on the rest of the batch), and ``Generation.logprobs[t]`` is log-softmax(logits / T) at
@@ -161,20 +161,3 @@ class EngineScheduler:
                     start += len(ids)
         finally:
             self._busy = False
-
-
-def make_engine(cfg, model_spec: str | None = None, seed: int | None = None) -> GenerationEngine:
-    """The engine ``cfg.rollout.engine`` names, for ``model_spec`` (default ``cfg.policy.model``)."""
-    from escrag.models import engine_dtype
-
-    spec = model_spec or cfg.policy.model
-    seed = cfg.run.seed if seed is None else seed
-    if cfg.rollout.engine == "vllm":
-        from rollout.vllm_engine import VLLMEngine
-
-        dtype = cfg.policy.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
-        return VLLMEngine(spec, dtype=dtype, seed=seed, gpu_memory_utilization=cfg.rollout.vllm_gpu_memory)
-    from rollout.hf_engine import HFEngine
-
-    dtype = engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device)
-    return HFEngine(spec, cfg.rollout, dtype=dtype, seed=seed)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 
-from rollout.engine import Generation, GenerationEngine, SamplingParams, stop_position
+from rollout.engines.base import Generation, GenerationEngine, SamplingParams, stop_position
 
 
 class WeightSyncExtension:
@@ -51,7 +51,7 @@ class VLLMEngine(GenerationEngine):
         self.llm = vllm.LLM(model=resolve_model(model_spec), dtype=dtype, seed=seed,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                             logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-                            worker_extension_cls="rollout.vllm_engine.WeightSyncExtension")
+                            worker_extension_cls="rollout.engines.vllm_engine.WeightSyncExtension")
 
     def _params(self, params: SamplingParams, seed: int):
         return self._vllm.SamplingParams(

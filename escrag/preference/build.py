@@ -3,8 +3,8 @@
 Owns: the Client-Counselor-Judge pipeline over ESConv train dialogue states, its typed stage records
 (``CounselingStage``, ``PsychState``, ``Strategy``), the dominance filter ``dominates``, the prompt set
 (``escrag/templates/prefs_v1/``), the call cache and budget (``Ledger``) and the build's outputs.
-It reaches every model over OpenAI-compatible HTTP through ``escrag.endpoints`` and scores responses
-with ``escrag.judge``; it imports no other layer.
+It reaches every model over OpenAI-compatible HTTP through ``escrag.llm.endpoint`` and scores responses
+with ``escrag.llm.judge``; it imports no other layer.
 
 Per state (``<dialogue_id>/<turn_index>``; ``data.train`` only, the other splits are refused):
 1. Client simulation (``prefs.simulate_turns`` > 0): the gold counselor turn, then the client
@@ -15,7 +15,7 @@ Per state (``<dialogue_id>/<turn_index>``; ``data.train`` only, the other splits
    answer again from it, and the high path keeps the best, the low path the worst; likewise stage 3
    (therapeutic strategy with its rationale). Result: a high and a low trajectory.
 3. The generator writes one counselor reply from each trajectory.
-4. The judge (``escrag.judge``, the seven metrics) scores both replies.
+4. The judge (``escrag.llm.judge``, the seven metrics) scores both replies.
 5. Dominance filter (``dominates``): kept when one reply is >= on all seven metrics and > on at least
    three; the dominating reply is ``chosen`` whichever trajectory it came from (provenance records it).
 
@@ -57,14 +57,14 @@ from escrag.atomic import write_json
 from escrag.cache import JsonlCache, content_key
 from escrag.config import Config, ConfigError, EndpointConfig, load_config
 from escrag.data import SPLITS, DataError, DialogueState, load_states, resolve_path
-from escrag.endpoints import CallLog, ChatEndpoint, ChatResult, EndpointError
 from escrag.errors import EscragError
-from escrag.judge import TEMPLATE_DIR, Judge, parse_json_object, read_sections
+from escrag.llm.endpoint import CallLog, ChatEndpoint, ChatResult, EndpointError
+from escrag.llm.judge import TEMPLATE_DIR, Judge, parse_json_object, read_sections
 from escrag.pairs import METRICS, PreferencePair, write_pairs
 from escrag.prompts import transcript
 from escrag.seeds import derive_seed
 
-SCORE_RANGE = (1, 10)  # the judge's scale (escrag/judge.py)
+SCORE_RANGE = (1, 10)  # the judge's scale (escrag/llm/judge.py)
 MIN_STRICTLY_BETTER = 3  # paper 3.2: >= on all metrics and > on at least three
 STEPS = ("stage", "state", "strategy")
 STEP_NAMES = {"stage": "counseling stage", "state": "psychological state", "strategy": "therapeutic strategy"}

@@ -31,11 +31,11 @@ from pathlib import Path
 from string import Template
 
 from escrag.config import ConfigError, JudgeConfig
-from escrag.endpoints import ChatEndpoint, EndpointError
+from escrag.llm.endpoint import ChatEndpoint, EndpointError
 from escrag.pairs import METRICS
 from escrag.prompts import transcript
 
-TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"  # escrag/templates/
 SECTIONS = ("system", "user", "repair")
 _FENCE = re.compile(r"\A```[a-zA-Z]*\s*\n(.*)\n\s*```\Z", re.DOTALL)
 

@@ -1,4 +1,4 @@
-"""``escrag safety eval``: the crisis check against a labelled set, and the tuning/evaluation split.
+"""The crisis check against a labelled set, and the tuning/evaluation split.
 
 Owns: ``evaluate`` (per-category confusion of the high boundary: high cases caught, not-high cases
 flagged high), ``format_report`` (the table, with the targets of docs/safety.md), the separation
@@ -14,7 +14,7 @@ import re
 import time
 from collections import Counter, defaultdict
 
-from escrag.safety import CATEGORIES, load_cases, resolve_cases
+from escrag.safety.types import CATEGORIES
 
 TARGET_RECALL = 0.95  # per category, of high cases assessed high
 TARGET_FLAGGED = 0.05  # of not-high cases assessed high
@@ -161,32 +161,3 @@ def format_report(result: dict, data: str) -> str:
         s = result["separation"]
         lines.append(f"\nseparation from {', '.join(s['tuning'])}: {s['overlapping_cases']} cases overlap the tuning data")
     return "\n".join(lines)
-
-
-def main(args) -> int:
-    """``escrag safety eval [--data FILE] [--json OUT] [--config FILE] [-o KEY=VALUE]``."""
-    from escrag.atomic import write_json
-    from escrag.config import load_config
-    from escrag.safety import RiskClassifier
-
-    cfg = load_config(args.config, args.override)
-    cases = load_cases(args.data)
-    clf = RiskClassifier.from_config(cfg)
-    result = evaluate(clf, cases)
-    sc, data = cfg.safety, resolve_cases(args.data).resolve()
-    fitted = [resolve_cases(n) for n in [sc.tuning] + (list(sc.conv_tuning) if sc.backbone else [])]
-    fitted = [p for p in dict.fromkeys(fitted) if p.resolve() != data]  # every file a head was fitted on
-    if fitted:
-        fit_on = [c for p in fitted for c in load_cases(p)]
-        overlap = near_duplicates(cases, fit_on) + shared_turn_sequences(cases, fit_on)
-        if clf.embedder is not None:
-            overlap += embedding_duplicates(cases, fit_on, clf.embedder.encode)
-        result["separation"] = {"tuning": [str(p) for p in fitted], "overlapping_cases": len({a for a, _, _ in overlap}),
-                                "pairs": overlap[:20]}
-    result.update(data=str(data), config={k: getattr(sc, k) for k in (
-        "head", "head_high", "embedder", "backbone", "conv_tuning", "conv_high", "conv_confirm", "conv_elevated")})
-    print(format_report(result, str(resolve_cases(args.data))))
-    if args.json:
-        write_json(args.json, result)
-        print(f"\nwrote {args.json}")
-    return 0

@@ -1,0 +1,68 @@
+"""The conversation head's reader: ``Backbone`` (a language model's hidden states over a rendered
+conversation) and ``render`` (the text it reads)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+QUESTION = ("\n\nQuestion: Is anyone in this conversation in immediate danger of suicide, self-harm, "
+            "violence, abuse or a medical emergency? Answer:")
+MAX_CHARS = 2000  # the conversation's last characters that are read (the question is always whole)
+
+
+def render(history: list[dict]) -> str:
+    """The conversation as the backbone reads it: its last ``MAX_CHARS`` characters, then the question."""
+    text = "\n".join(("Client: " if m.get("role") == "user" else "Counselor: ") + (m.get("content") or "")
+                     for m in history)
+    return text[-MAX_CHARS:] + QUESTION
+
+
+class Backbone:
+    """``features(histories) -> [n, len(layers) * hidden]``: the model's hidden states after each of
+    ``layers`` averaged over the tokens of ``render(history)``. Right padding, so a row's states do
+    not depend on its batch (causal attention) but in bfloat16's last bits; bfloat16 autocast over
+    float32 weights, on the CPU or a GPU (``safety.conv_device``; a backbone larger than the default is a GPU's job)."""
+
+    def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu"):
+        import torch
+
+        from escrag.models import load_causal_lm, load_tokenizer, resolve_device
+
+        self.device = resolve_device(device)
+        self.tok, self.lm = load_tokenizer(spec), load_causal_lm(spec, "float32").eval().to(self.device)
+        self.tok.padding_side = "right"
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        n = self.lm.config.num_hidden_layers
+        if any(not 1 <= k <= n for k in layers):
+            from escrag.config import ConfigError
+
+            raise ConfigError(f"safety.conv_layers: each must be in 1..{n} for {spec}, got {layers}")
+        # the layers past the deepest one read (but one: the last hidden state is the normed one) and
+        # the LM head are never needed: on SmolLM2 with layers up to 24 of 30, a third of the compute
+        keep = min(n, max(layers) + 1)
+        self.lm.model.layers = self.lm.model.layers[:keep]
+        self.lm.config.num_hidden_layers = keep
+        self.spec, self.layers, self.batch, self._torch = spec, list(layers), batch, torch
+
+    def features(self, histories: list[list[dict]], progress: str | None = None) -> np.ndarray:
+        """``progress``: a progress bar with this label (for long passes)."""
+        from tqdm import tqdm
+
+        texts = [render(h) for h in histories]
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch together
+        out = [None] * len(texts)
+        for s in tqdm(range(0, len(order), self.batch), desc=progress, unit="batch", disable=progress is None):
+            idx = order[s:s + self.batch]
+            for i, row in zip(idx, self._forward([texts[i] for i in idx])):
+                out[i] = row
+        return np.stack(out) if out else np.zeros((0, len(self.layers) * self.lm.config.hidden_size), np.float32)
+
+    def _forward(self, texts: list[str]) -> np.ndarray:
+        torch = self._torch
+        enc = self.tok(texts, return_tensors="pt", padding=True).to(self.device)
+        with torch.inference_mode(), torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16):
+            hs = self.lm.model(**enc, output_hidden_states=True).hidden_states
+        mask = enc.attention_mask.unsqueeze(-1).float()
+        pooled = [(hs[k].float() * mask).sum(1) / mask.sum(1) for k in self.layers]
+        return torch.cat(pooled, dim=1).cpu().numpy()

@@ -1,0 +1,69 @@
+"""``escrag safety eval`` and ``escrag safety fit-heads``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from escrag.safety import heads
+from escrag.safety.backbone import Backbone
+from escrag.safety.cases import load_cases, resolve_cases
+from escrag.safety.evaluation import (
+    embedding_duplicates,
+    evaluate,
+    format_report,
+    near_duplicates,
+    shared_turn_sequences,
+)
+from escrag.safety.heads import conv_head_key, fit_conv_arrays, fit_head_arrays, head_key
+
+
+def eval_main(args) -> int:
+    """``escrag safety eval [--data FILE] [--json OUT] [--config FILE] [-o KEY=VALUE]``."""
+    from escrag.atomic import write_json
+    from escrag.config import load_config
+    from escrag.safety.classifier import RiskClassifier
+
+    cfg = load_config(args.config, args.override)
+    cases = load_cases(args.data)
+    clf = RiskClassifier.from_config(cfg)
+    result = evaluate(clf, cases)
+    sc, data = cfg.safety, resolve_cases(args.data).resolve()
+    fitted = [resolve_cases(n) for n in [sc.tuning] + (list(sc.conv_tuning) if sc.backbone else [])]
+    fitted = [p for p in dict.fromkeys(fitted) if p.resolve() != data]  # every file a head was fitted on
+    if fitted:
+        fit_on = [c for p in fitted for c in load_cases(p)]
+        overlap = near_duplicates(cases, fit_on) + shared_turn_sequences(cases, fit_on)
+        if clf.embedder is not None:
+            overlap += embedding_duplicates(cases, fit_on, clf.embedder.encode)
+        result["separation"] = {"tuning": [str(p) for p in fitted], "overlapping_cases": len({a for a, _, _ in overlap}),
+                                "pairs": overlap[:20]}
+    result.update(data=str(data), config={k: getattr(sc, k) for k in (
+        "head", "head_high", "embedder", "backbone", "conv_tuning", "conv_high", "conv_confirm", "conv_elevated")})
+    print(format_report(result, str(resolve_cases(args.data))))
+    if args.json:
+        write_json(args.json, result)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def fit_heads_main(args) -> int:
+    """``escrag safety fit-heads [--config FILE]``: fit the config's two heads anew (no cache) and write
+    them to data/safety/heads/, replacing the heads shipped before."""
+    from escrag.atomic import atomic_file
+    from escrag.config import load_config
+    from escrag.embed import load_embedder
+
+    sc = load_config(args.config, args.override).safety
+    tuning = resolve_cases(sc.tuning)
+    fitted = {f"safety-head-{head_key(sc, tuning)}": fit_head_arrays(sc, tuning, load_embedder(sc.embedder)),
+             f"safety-conv-{conv_head_key(sc)}": fit_conv_arrays(sc, Backbone(sc.backbone, sc.conv_layers,
+                                                                              sc.conv_batch, sc.conv_device))}
+    heads.HEADS_DIR.mkdir(parents=True, exist_ok=True)
+    for name, arrays in fitted.items():
+        with atomic_file(heads.HEADS_DIR / f"{name}.npz", "wb", encoding=None) as f:
+            np.savez(f, **arrays)
+        print(f"wrote {heads.HEADS_DIR / name}.npz")
+    for old in set(heads.HEADS_DIR.glob("*.npz")) - {heads.HEADS_DIR / f"{n}.npz" for n in fitted}:
+        old.unlink()
+        print(f"removed {old}")
+    return 0

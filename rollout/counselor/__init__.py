@@ -1,0 +1,1 @@
+"""The counselor API: ``protocol`` (schemas), ``service`` (logic), ``server`` (routes, ``build_app``, ``main``)."""

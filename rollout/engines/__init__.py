@@ -1,0 +1,29 @@
+"""The generation engines behind one interface, and ``make_engine`` (config -> engine).
+
+Parts: ``base`` (``GenerationEngine``, ``SamplingParams``, ``Generation``, ``EngineScheduler``: the
+types every engine and caller shares), ``hf_engine`` (transformers, continuous batching on the CPU or
+a GPU), ``decoder`` (its compiled slot decoder) and ``vllm_engine`` (vLLM, GPU only, imported lazily).
+The factory lives here, above what it builds; the engines import ``base``, never this module, so there
+is no cycle. Nothing heavy is imported at package import.
+"""
+
+from __future__ import annotations
+
+from rollout.engines.base import GenerationEngine
+
+
+def make_engine(cfg, model_spec: str | None = None, seed: int | None = None) -> GenerationEngine:
+    """The engine ``cfg.rollout.engine`` names, for ``model_spec`` (default ``cfg.policy.model``)."""
+    from escrag.models import engine_dtype
+
+    spec = model_spec or cfg.policy.model
+    seed = cfg.run.seed if seed is None else seed
+    if cfg.rollout.engine == "vllm":
+        from rollout.engines.vllm_engine import VLLMEngine
+
+        dtype = cfg.policy.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
+        return VLLMEngine(spec, dtype=dtype, seed=seed, gpu_memory_utilization=cfg.rollout.vllm_gpu_memory)
+    from rollout.engines.hf_engine import HFEngine
+
+    dtype = engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device)
+    return HFEngine(spec, cfg.rollout, dtype=dtype, seed=seed)
