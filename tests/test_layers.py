@@ -1,99 +1,233 @@
-"""The project's layer rules, read from the import statements of every module (an AST walk, no import):
+"""The project's rooms and which may import which (docs/architecture.md), read from every import
+statement of every module, function-level ones included (an AST walk, no import):
 
-- the core (``escrag/``) imports no other package of the project (the CLI names handlers by string);
-- the reward and retriever services import only the core and themselves;
-- rollout imports the core, itself and only the ``client``/``protocol`` modules of the two services;
-- trainer imports the core, itself and rollout; evaluation (an orchestration layer, like the jobs)
-  imports the core, itself, rollout and the services' public modules, never the trainer or the jobs;
-  ray_jobs may import anything;
-- no module imports another package's private (``_name``) names;
+- the flat core (``escrag/*.py``) imports only itself; the CLI names handlers by ``_lazy("module:fn")``
+  strings, and each must name a module file and a top-level function in it;
+- the feature rooms of ``escrag/``: ``web`` (the HTTP kit) and ``safety`` read the core; ``llm`` the core
+  and ``web``; ``safety`` may also use ``llm`` and ``web`` (a guard model); ``preference`` the core,
+  ``llm`` and ``web``;
+- the reward and retriever services import the core and ``escrag.web``;
+- rollout imports the core, ``web``, ``llm``, ``safety`` and only the ``client``/``protocol`` modules of
+  the two services; trainer the core, ``web``, ``safety`` and rollout; evaluation (an orchestration
+  layer) the core, the feature rooms, rollout and the services, never the trainer or the jobs;
+  ray_jobs anything but bench; bench (benchmarks) anything; nothing imports bench;
+- no import cycle between modules (function-level imports and the CLI's lazy targets count as edges),
+  and none between rooms;
+- no module imports another room's private (``_name``) names;
 - package ``__init__`` files import nothing heavy (torch, transformers, faiss, vllm, openrlhf, ray).
 
 Run: .venv/bin/python -m pytest -q tests/test_layers.py"""
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("escrag", "reward_server", "retriever_server", "rollout", "trainer", "evaluation", "ray_jobs")
+PACKAGES = ("escrag", "reward_server", "retriever_server", "rollout", "trainer", "evaluation", "ray_jobs", "bench")
+FEATURES = ("web", "llm", "safety", "preference")  # escrag's feature rooms; the rest of escrag/ is the core
 SERVICE_API = {"retriever_server.client", "retriever_server.protocol", "reward_server.client",
                "reward_server.protocol"}
-ALLOWED = {  # package -> (other packages it may import, or specific modules)
-    "escrag": set(),
-    "reward_server": set(),
-    "retriever_server": set(),
-    "rollout": SERVICE_API,
-    "trainer": {"rollout"},
-    "evaluation": {"rollout", "retriever_server", "reward_server"},
-    "ray_jobs": set(PACKAGES),
+FEATURE_ROOMS = {f"escrag.{f}" for f in FEATURES}
+ALLOWED = {  # room -> the other rooms it may import (or, for the services' public API, single modules)
+    "core": set(),
+    "escrag.web": set(),
+    "escrag.llm": {"escrag.web"},
+    "escrag.safety": {"escrag.web", "escrag.llm"},
+    "escrag.preference": {"escrag.web", "escrag.llm"},
+    "reward_server": {"escrag.web"},
+    "retriever_server": {"escrag.web"},
+    "rollout": {"escrag.web", "escrag.llm", "escrag.safety"} | SERVICE_API,
+    "trainer": {"escrag.web", "escrag.safety", "rollout"},
+    "evaluation": FEATURE_ROOMS | {"rollout", "retriever_server", "reward_server"},
+    "ray_jobs": FEATURE_ROOMS | {"rollout", "trainer", "evaluation", "retriever_server", "reward_server"},
+    "bench": FEATURE_ROOMS | {"rollout", "trainer", "evaluation", "retriever_server", "reward_server", "ray_jobs"},
 }
 HEAVY = {"torch", "transformers", "faiss", "vllm", "openrlhf", "ray", "deepspeed", "peft", "sentence_transformers"}
+LAZY = re.compile(r"""_lazy\(\s*["']([\w.]+):(\w+)["']\s*\)""")
 
 
-def _modules():
+def room(module: str) -> str:
+    """The room of a dotted module name: ``core``, ``escrag.<feature>`` or the top-level package."""
+    parts = module.split(".")
+    if parts[0] == "escrag":
+        return f"escrag.{parts[1]}" if len(parts) > 1 and parts[1] in FEATURES else "core"
+    return parts[0]
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the project's packages under ``root``."""
+    out = {}
     for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")) if (ROOT / pkg).is_dir() else []:
-            yield pkg, path
+        for path in sorted((root / pkg).rglob("*.py")) if (root / pkg).is_dir() else []:
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
 
 
-def _imports(path: Path):
-    """(imported module, imported names) for every import statement, relative ones resolved."""
-    tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):
+def imports(path: Path, modules: dict[str, Path]):
+    """(imported module, imported names) for every import statement anywhere in the file; a
+    ``from pkg import sub`` of a project submodule counts as an import of ``pkg.sub``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, []
         elif isinstance(node, ast.ImportFrom) and node.module:
-            yield node.module, [a.name for a in node.names]
+            subs = [a.name for a in node.names if f"{node.module}.{a.name}" in modules]
+            for name in subs:
+                yield f"{node.module}.{name}", []
+            rest = [a.name for a in node.names if a.name not in subs]
+            if rest or not subs:
+                yield node.module, rest
 
 
-def _allowed(pkg: str, module: str) -> bool:
-    top = module.split(".")[0]
-    if top not in PACKAGES or top in (pkg, "escrag"):
+def lazy_targets(path: Path) -> list[tuple[str, str]]:
+    """The CLI's ``_lazy("module:function")`` handlers."""
+    return LAZY.findall(path.read_text())
+
+
+def allowed(src_room: str, module: str) -> bool:
+    if module.split(".")[0] not in PACKAGES:
         return True
-    rules = ALLOWED[pkg]
-    return top in rules or any(module == m or module.startswith(m + ".") for m in rules)
+    dst = room(module)
+    if dst in (src_room, "core"):
+        return True
+    rules = ALLOWED[src_room]
+    return dst in rules or any(module == m or module.startswith(m + ".") for m in rules)
+
+
+def edges(modules: dict[str, Path], lazy: bool = True) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (with ``lazy``, the CLI's lazy targets too)."""
+    out = {}
+    for name, path in modules.items():
+        targets = {m for m, _ in imports(path, modules) if m in modules}
+        targets |= {m for m, _ in lazy_targets(path) if m in modules} if lazy else set()
+        out[name] = targets - {name}
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan, iterative)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        top = stack.pop()
+                        on.discard(top)
+                        comp.append(top)
+                        if top == node:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+            elif nxt not in index:
+                index[nxt] = low[nxt] = counter[0]
+                counter[0] += 1
+                stack.append(nxt)
+                on.add(nxt)
+                work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+            elif nxt in on:
+                low[node] = min(low[node], index[nxt])
+    return found
+
+
+MODULES = module_files()
 
 
 def test_modules_found():
-    assert sum(1 for _ in _modules()) > 40
+    assert len(MODULES) > 60 and any(room(m) == "bench" for m in MODULES)
+    assert {room(m) for m in MODULES} == set(ALLOWED)
 
 
-@pytest.mark.parametrize("pkg", PACKAGES)
-def test_layer_rules(pkg):
+@pytest.mark.parametrize("src_room", sorted(ALLOWED))
+def test_layer_rules(src_room):
     broken = [f"{path.relative_to(ROOT)} imports {module}"
-              for p, path in _modules() if p == pkg
-              for module, _ in _imports(path) if not _allowed(pkg, module)]
+              for name, path in MODULES.items() if room(name) == src_room
+              for module, _ in imports(path, MODULES) if not allowed(src_room, module)]
     assert not broken, "\n".join(broken)
 
 
-def test_no_private_names_across_packages():
+def test_nothing_imports_bench():
+    broken = [f"{path.relative_to(ROOT)} imports {m}" for name, path in MODULES.items() if room(name) != "bench"
+              for m, _ in imports(path, MODULES) if m.split(".")[0] == "bench"]
+    assert not broken, "\n".join(broken)
+
+
+def test_cli_lazy_targets_exist():
+    targets = lazy_targets(ROOT / "escrag" / "cli.py")
+    assert len(targets) > 15
+    missing = []
+    for module, func in targets:
+        path = MODULES.get(module)
+        defined = path and {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+        if not defined or func not in defined:
+            missing.append(f"{module}:{func}")
+    assert not missing, "the CLI names handlers that do not exist: " + ", ".join(missing)
+
+
+def test_no_import_cycles():
+    found = cycles(edges(MODULES))
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_cycles_between_rooms():
+    """The CLI's lazy targets are left out here: they are entry points, not a layer the core stands on."""
+    graph = {}
+    for src, targets in edges(MODULES, lazy=False).items():
+        graph.setdefault(room(src), set()).update(room(t) for t in targets if room(t) != room(src))
+    assert not cycles(graph), cycles(graph)
+
+
+def test_no_private_names_across_rooms():
     broken = []
-    for pkg, path in _modules():
-        for module, names in _imports(path):
-            top = module.split(".")[0]
-            if top in PACKAGES and top != pkg:
+    for name, path in MODULES.items():
+        for module, names in imports(path, MODULES):
+            if module.split(".")[0] in PACKAGES and room(module) != room(name):
                 broken += [f"{path.relative_to(ROOT)}: from {module} import {n}" for n in names if n.startswith("_")]
     assert not broken, "\n".join(broken)
 
 
 def test_package_inits_are_light():
-    heavy = [f"{path.relative_to(ROOT)} imports {module}" for pkg, path in _modules() if path.name == "__init__.py"
-             for module, _ in _imports(path) if module.split(".")[0] in HEAVY]
+    heavy = [f"{path.relative_to(ROOT)} imports {module}" for path in MODULES.values() if path.name == "__init__.py"
+             for module, _ in imports(path, MODULES) if module.split(".")[0] in HEAVY]
     assert not heavy, "\n".join(heavy)
 
 
-def test_the_rules_catch_a_violation(tmp_path):
-    """The checker itself: a core module importing a role, and a private name, are both found."""
-    bad = tmp_path / "bad.py"
-    bad.write_text("from rollout.episode import _ACTION\nimport trainer.learner\n")
-    found = list(_imports(bad))
-    assert not _allowed("escrag", "rollout.episode") and not _allowed("escrag", "trainer.learner")
+def test_the_checker_catches_violations_and_cycles(tmp_path):
+    """The checker itself, on a tree made here: a core module importing a role, a private name, and a
+    cycle hidden behind a function-level import are all found."""
+    (tmp_path / "escrag" / "safety").mkdir(parents=True)
+    (tmp_path / "rollout").mkdir()
+    (tmp_path / "escrag" / "__init__.py").write_text("")
+    (tmp_path / "escrag" / "safety" / "__init__.py").write_text("")
+    (tmp_path / "escrag" / "safety" / "a.py").write_text("from escrag.safety.b import x\n")
+    (tmp_path / "escrag" / "safety" / "b.py").write_text("def x():\n    from escrag.safety import a\n")
+    (tmp_path / "escrag" / "bad.py").write_text("from rollout.episode import _ACTION\nimport trainer.learner\n")
+    (tmp_path / "rollout" / "episode.py").write_text("_ACTION = 1\n")
+    mods = module_files(tmp_path)
+    assert cycles(edges(mods)) == [["escrag.safety.a", "escrag.safety.b"]]
+    found = list(imports(tmp_path / "escrag" / "bad.py", mods))
     assert ("rollout.episode", ["_ACTION"]) in found
-    assert _allowed("rollout", "reward_server.client") and not _allowed("rollout", "reward_server.model")
+    assert not allowed("core", "rollout.episode") and not allowed("core", "trainer.learner")
+    assert not allowed("escrag.web", "escrag.safety.classifier") and allowed("escrag.llm", "escrag.web.retry")
+    assert allowed("rollout", "reward_server.client") and not allowed("rollout", "reward_server.model")
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_escrag_sets_a_short_openmp_spin_before_torch_loads():

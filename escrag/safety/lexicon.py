@@ -1,12 +1,13 @@
 """The crisis lexicon: vocabulary, text normalisation, typo repair and sentence splitting.
 
-Owns: the word alternations the rules are written in (``SELF``, ``MEANS``, ...), ``normalize`` (lowercase, contractions and chat spellings expanded, misspelt risk words repaired
-by edit distance), ``split_sentences`` and ``clause_span``. ``escrag.safety.rules`` writes its patterns in this
+Owns: the word alternations the rules are written in (``SELF``, ``MEANS``, ...), ``normalize``
+(lowercase, contractions and chat spellings expanded, misspelt risk words repaired by edit distance),
+``split_sentences`` and ``clause_span``. ``escrag.safety.rules`` writes its patterns in this
 vocabulary; docs/safety.md says what each level means.
 
 Levels of a rule: ``high`` (a risk now, on its own), ``elevated`` (worth a human's look) and ``cue``
 (only a building block: means at hand, a time, a weapon, a symptom; a cue raises the conversation to
-high only next to another cue or an ideation statement, see ``escrag.safety.COMBOS``).
+high only next to another cue or an ideation statement, see ``escrag.safety.turns.COMBOS``).
 
 Every pattern was written from the category specification and the tuning set
 (``data/safety/tuning.jsonl``); none comes from the evaluation set.
