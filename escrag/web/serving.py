@@ -1,11 +1,17 @@
 """What every HTTP service of the project shares (design section 3).
 
-Owns: bearer-token auth, the request-size limit (the header and the streamed body alike), refusing
-JSON strings that hold malformed Unicode (lone surrogates, which would fail deep inside a tokenizer or
-an embedder, and then for every request batched with them), the one mapping from the project's error
-classes to HTTP answers, ``GET /health`` and ``GET /metrics`` (Prometheus text from a registry private
-to each app, so several apps can live in one process), request counters and latency histograms, and
+Owns: bearer-token auth (compared in constant time), the request-size limit (the header and the
+streamed body alike), refusing bodies that are not UTF-8 and JSON strings that hold malformed Unicode
+(lone surrogates, raw or escaped, which would fail deep inside a tokenizer or an embedder, and then
+for every request batched with them), the one mapping from the project's error classes to HTTP
+answers, ``GET /health`` and ``GET /metrics`` (Prometheus text from a registry private to each app, so
+several apps can live in one process), request counters and latency histograms labelled by route
+template (an unknown path counts as ``unmatched``, so random paths cannot grow the metrics), and
 ``serve()`` which runs uvicorn on 127.0.0.1 unless told otherwise.
+
+What an unauthenticated caller sees: with an API key set, ``/health`` answers only ``{"status":
+"ok"}`` (the service's own fields, such as model folders, need the key) and ``/metrics`` aggregate
+counters; a 502 names no upstream URL or error (those go to the log).
 
 Errors -> answers, in this one place: ``UserError`` 400, pydantic validation 422, ``Overloaded`` (a
 full queue) 503 with ``Retry-After``, ``ServiceError`` (a service this one depends on failed) 502; every
@@ -17,7 +23,9 @@ Each service keeps the vLLM shape: ``protocol.py`` (pydantic schemas), a logic c
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 import os
 import re
 import time
@@ -26,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.routing import Match
 
 from escrag.errors import Overloaded, ServiceError, UserError
 
@@ -33,6 +42,8 @@ DEFAULT_MAX_BODY = 8 * 1024 * 1024
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OPEN_PATHS = ("/health", "/metrics")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+UNMATCHED = "unmatched"  # the path label of a request no route matches
+log = logging.getLogger("escrag.web")
 
 
 class AppMetrics:
@@ -64,12 +75,19 @@ def _detail(exc: RequestValidationError) -> str:
 
 
 def malformed_unicode(body: bytes) -> str | None:
-    """Where a JSON body holds a string with a lone surrogate (None when it holds none). Only bodies
-    with a surrogate escape are decoded, so ordinary requests pay one regex scan."""
+    """Where a JSON body is not UTF-8 (raw surrogate bytes included: ``json.loads`` would accept them)
+    or holds a string with an escaped lone surrogate; None when it is clean. Only bodies with a
+    surrogate escape are parsed, so ordinary requests pay one decode and one regex scan."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"body: not valid UTF-8 at byte {exc.start}"
     if not _SURROGATE_ESCAPE.search(body):
         return None
     try:
         data = json.loads(body)
+    except RecursionError:
+        return "body: JSON nested too deeply"
     except ValueError:
         return None  # not JSON: the route's own validation answers
     stack = [("body", data)]
@@ -90,13 +108,14 @@ def malformed_unicode(body: bytes) -> str | None:
 class Guard:
     """ASGI middleware in front of every route: auth, body size, malformed Unicode, metrics."""
 
-    def __init__(self, app, metrics: AppMetrics, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, metrics: AppMetrics, api_key: str | None, max_body_bytes: int, router):
         self.app, self.metrics, self.api_key, self.max_body = app, metrics, api_key, max_body_bytes
+        self.router = router  # the app's routes: a request is counted under its route's template
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        start, path, status = time.perf_counter(), scope["path"], {}
+        start, path, status = time.perf_counter(), self._label(scope), {}
 
         async def counted_send(message):
             if message["type"] == "http.response.start":
@@ -110,12 +129,19 @@ class Guard:
             self.metrics.requests.labels(path, str(status.get("code", 500))).inc()
             self.metrics.latency.labels(path).observe(time.perf_counter() - start)
 
+    def _label(self, scope) -> str:
+        """The template of the route ``scope`` asks for (``/v1/chat/completions``), else ``UNMATCHED``."""
+        for route in self.router.routes:
+            if route.matches(scope)[0] != Match.NONE:
+                return getattr(route, "path", UNMATCHED)
+        return UNMATCHED
+
     async def _check(self, scope, receive):
         """(a JSONResponse refusing the request, or None; the receive channel to pass on)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key and scope["path"] not in OPEN_PATHS:
-            if headers.get("authorization", "") != f"Bearer {self.api_key}":
-                return _refuse(401, "missing or wrong bearer token"), receive
+        scope.setdefault("state", {})["authorized"] = authorized(headers, self.api_key)
+        if not scope["state"]["authorized"] and scope["path"] not in OPEN_PATHS:
+            return _refuse(401, "missing or wrong bearer token"), receive
         size = headers.get("content-length")
         if size is not None and (not size.isdigit() or int(size) > self.max_body):
             return _refuse(413, f"request body larger than {self.max_body} bytes"), receive
@@ -131,6 +157,13 @@ class Guard:
                 break
         problem = malformed_unicode(body)
         return (_refuse(400, problem) if problem else None), _replay(body, receive)
+
+
+def authorized(headers: dict, api_key: str | None) -> bool:
+    """No key configured, or ``Authorization: Bearer <key>`` (compared in constant time)."""
+    if not api_key:
+        return True
+    return hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {api_key}".encode())
 
 
 def _refuse(status: int, detail: str) -> JSONResponse:
@@ -160,7 +193,7 @@ def add_common(app: FastAPI, prefix: str, api_key: str | None = None,
     api_key = api_key or os.environ.get("ESCRAG_API_KEY") or None
     metrics = AppMetrics(prefix)
     app.state.metrics = metrics
-    app.add_middleware(Guard, metrics=metrics, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(Guard, metrics=metrics, api_key=api_key, max_body_bytes=max_body_bytes, router=app.router)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError):
@@ -176,12 +209,14 @@ def add_common(app: FastAPI, prefix: str, api_key: str | None = None,
                             headers={"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(ServiceError)
-    async def upstream(_: Request, exc: ServiceError):
-        return _refuse(502, str(exc))
+    async def upstream(request: Request, exc: ServiceError):
+        log.warning("%s %s: upstream failure: %s", request.method, request.url.path, exc)
+        return _refuse(502, "a service this one depends on failed; the server log has the details")
 
     @app.get("/health")
-    async def health_route():
-        return {"status": "ok", **(health() if health else {})}
+    async def health_route(request: Request):
+        details = health() if health and request.scope.get("state", {}).get("authorized", True) else {}
+        return {"status": "ok", **details}
 
     @app.get("/metrics")
     async def metrics_route():
