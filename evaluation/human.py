@@ -217,16 +217,50 @@ def _read_json(path: Path, form_id: str) -> tuple[str, dict]:
     return str(obj.get("annotator", "")).strip(), obj["choices"]
 
 
-def _read_csv(path: Path) -> tuple[str, dict]:
+CSV_FIELDS = ("pair_id", "context", "response_a", "response_b", "choice")  # pairs.csv + the choice column
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    """The rows of a filled pairs.csv; a short or long row, a missing column or a pair listed twice
+    is an error naming its line."""
     with path.open(newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
-    if not rows or not {"pair_id", "choice"} <= set(rows[0]):
-        raise UserError(f"{path}: a filled CSV needs the columns pair_id and choice")
-    names = {(r.get("annotator") or "").strip() for r in rows} - {""}
+        reader = csv.DictReader(fh)
+        missing = [c for c in CSV_FIELDS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(f"{path}: a filled CSV is the exported pairs.csv with a choice column; missing "
+                            f"{', '.join(missing)}")
+        rows, seen = [], set()
+        for row in reader:
+            line = reader.line_num
+            if None in row or None in row.values():
+                raise UserError(f"{path}: line {line} has {'more' if None in row else 'fewer'} cells than the header")
+            if row["pair_id"] in seen:
+                raise UserError(f"{path}: line {line}: pair {row['pair_id']!r} appears twice")
+            seen.add(row["pair_id"])
+            rows.append(row)
+    return rows
+
+
+def _read_csv(path: Path, key: dict) -> tuple[str, dict]:
+    """Like the JSON path, a CSV must come from this run's form: its pairs (ids and texts, in the key's
+    order) hash to the key's form id."""
+    rows = {r["pair_id"]: r for r in _csv_rows(path)}
+    form_id = next(iter(key.values()))["form_id"] if key else ""
+    unknown = sorted(set(rows) - set(key))
+    if unknown:
+        raise UserError(f"{path}: pair {unknown[0]!r} is not in this run's key")
+    if len(rows) != len(key):
+        raise UserError(f"{path}: holds {len(rows)} of the form's {len(key)} pairs (keep every row; leave a "
+                        f"choice empty to skip it)")
+    texts = [[pid] + [rows[pid][c].replace("\r\n", "\n") for c in CSV_FIELDS[1:4]] for pid in key]
+    if content_key(texts)[:16] != form_id:
+        raise UserError(f"{path}: its pairs are not those of this run's form {form_id!r} (a CSV from another "
+                        f"export, or edited texts)")
+    names = {r.get("annotator", "").strip() for r in rows.values()} - {""}
     if len(names) > 1:
         raise UserError(f"{path}: one annotator per file, found {', '.join(sorted(names))}")
-    return (names.pop() if names else path.stem), {r["pair_id"]: r["choice"].strip() for r in rows
-                                                   if r["choice"].strip()}
+    choices = {pid: r["choice"].strip() for pid, r in rows.items() if r["choice"].strip()}
+    return (names.pop() if names else path.stem), choices
 
 
 def read_annotations(files: list[str | Path], key: dict) -> dict[str, dict[str, str]]:
@@ -236,7 +270,7 @@ def read_annotations(files: list[str | Path], key: dict) -> dict[str, dict[str, 
     for f in map(Path, files):
         if not f.is_file():
             raise UserError(f"{f}: no such annotation file")
-        who, choices = _read_csv(f) if f.suffix.lower() == ".csv" else _read_json(f, form_id)
+        who, choices = _read_csv(f, key) if f.suffix.lower() == ".csv" else _read_json(f, form_id)
         if not who:
             raise UserError(f"{f}: no annotator name")
         if who in out:

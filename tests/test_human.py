@@ -240,3 +240,38 @@ def test_import_rejects_bad_files(tmp_path):
         res = escrag("import-human", "--run", str(run_dir), *files)
         assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert escrag("import-human", "--run", str(tmp_path / "nope"), annotation("v")).returncode == 2
+
+
+def test_csv_import_validates_like_json(tmp_path):
+    """A filled CSV must come from this run's form (its pairs hash to the key's form id, as the JSON
+    path checks), hold every pair once, and have whole rows; each problem is one clear error."""
+    from escrag.errors import UserError
+    from evaluation.human import read_annotations, read_key
+
+    run_dir, out = make_run(tmp_path), tmp_path / "annotators"
+    assert escrag("export-human", "--run", str(run_dir), "--out", str(out)).returncode == 0
+    key, rows = read_key(run_dir), list(csv.DictReader((out / "pairs.csv").open()))
+    fields = ["pair_id", "context", "response_a", "response_b", "choice"]
+
+    def filled(name, rows, fields=fields, extra=""):
+        path = tmp_path / f"{name}.csv"
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+            w.writeheader()
+            w.writerows({"choice": "A", **r} for r in rows)
+            fh.write(extra)
+        return path
+
+    good = read_annotations([filled("good", rows[::-1])], key)  # any row order
+    assert good == {"good": {r["pair_id"]: "A" for r in rows}}
+    edited = [{**rows[0], "response_a": rows[0]["response_a"] + " (edited)"}] + rows[1:]
+    cases = [
+        (filled("other", edited), "not those of this run's form"),
+        (filled("dup", rows + rows[:1]), "appears twice"),
+        (filled("short", rows, extra=f"{rows[0]['pair_id']},only two\n"), "fewer cells than the header"),
+        (filled("few", rows[:-1]), f"holds {len(rows) - 1} of the form's {len(rows)} pairs"),
+        (filled("nochoice", rows, fields[:-1]), "missing choice"),
+    ]
+    for path, needle in cases:
+        with pytest.raises(UserError, match=needle):
+            read_annotations([path], key)
