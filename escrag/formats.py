@@ -20,6 +20,7 @@ RESPONSE_OPEN, RESPONSE_CLOSE = "<response>", "</response>"
 TAGS = (THINK_OPEN, THINK_CLOSE, RESPONSE_OPEN, RESPONSE_CLOSE)
 _SHAPE = re.compile(r"\A\s*<think>(.*?)</think>\s*<response>(.*?)</response>\s*\Z", re.DOTALL)
 _ANY_TAG = re.compile(r"</?(think|response)>")
+_THINKING = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)  # a think block, or one cut off
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,17 @@ def compose(think: str, response: str) -> str:
 
 def reply_text(output: str, fallback: str = "") -> str:
     """The client-facing text of an output: the response block when the format parses; else the text
-    after an opening response tag (or the whole output) with every tag removed; ``fallback`` when that
-    is empty."""
+    after an opening response tag (or the whole output) with the reasoning removed (a think block,
+    closed or cut off, and whatever precedes a stray closing think tag) and every tag removed;
+    ``fallback`` when that is empty. The think text never reaches the client, whatever the format."""
     parsed = parse_output(output)
     if parsed.ok:
         return parsed.response
     if RESPONSE_OPEN in output:
         output = output.split(RESPONSE_OPEN, 1)[1].split(RESPONSE_CLOSE, 1)[0]
+    else:
+        output = _THINKING.sub("", output)
+        output = output.rsplit(THINK_CLOSE, 1)[-1]
     return _ANY_TAG.sub("", output).strip() or fallback.strip()
 
 

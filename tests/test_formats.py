@@ -3,7 +3,7 @@ Run: .venv/bin/python -m pytest -q tests/test_formats.py"""
 
 import pytest
 
-from escrag.formats import format_reward, format_rewards, parse_output, response_text
+from escrag.formats import format_reward, format_rewards, parse_output, reply_text, response_text
 
 GOOD = [
     "<think>She feels anxious.</think><response>That sounds really hard.</response>",
@@ -62,3 +62,15 @@ def test_batch_rewards_and_response_text():
     assert format_rewards([GOOD[0], BAD["plain text"]]) == [1.0, 0.0]
     assert response_text(GOOD[0]) == "That sounds really hard."
     assert response_text(BAD["unclosed response"]) == BAD["unclosed response"]  # raw text when unparsed
+
+
+@pytest.mark.parametrize("output,shown", [
+    ("<think>plan: ask about the pills</think>", "initial reply"),  # no response block at all
+    ("<think>plan: ask about the pills and then", "initial reply"),  # cut off by max_tokens
+    ("ask about the pills</think> I hear you.", "I hear you."),  # a stray closing tag
+    ("<think>plan</think> I hear you.", "I hear you."),  # the response tags left out
+    ("<think>plan</think><response>I hear you.", "I hear you."),  # the response cut off
+    ("I hear you.", "I hear you."),  # no tags: a plain answer is shown
+])
+def test_reply_text_never_shows_the_think_text(output, shown):
+    assert reply_text(output, fallback="initial reply") == shown
