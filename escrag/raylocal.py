@@ -2,13 +2,18 @@
 
 Owns: the one place that calls ``ray.init``. A local Ray binds 127.0.0.1 only, has usage stats and
 the dashboard off and keeps its temp folder where we say; joining a cluster (``address``) changes none
-of the cluster's settings.
+of the cluster's settings, and a cluster that is not there is one line saying how to start a head.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from escrag.errors import UserError
+
+HEAD_HINT = ("start a head first (`ray start --head --node-ip-address 127.0.0.1 --include-dashboard false`, "
+             "docs/cluster.md), or leave ray.address unset to start a local Ray")
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, tmpdir: str | None = None,
@@ -20,7 +25,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, tmpdir: st
     if ray.is_initialized():
         return ray
     if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        except ConnectionError:
+            raise UserError(f"ray.address: {address!r}: no running Ray cluster found; {HEAD_HINT}") from None
         return ray
     # Ray >= 2.5x enables token auth for a new local cluster and writes ~/.ray/auth_token, after
     # which every later head on the machine demands the token; ours binds 127.0.0.1 only.
