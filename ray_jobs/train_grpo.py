@@ -186,8 +186,8 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
     summary with the metrics rows' path. ``restarts()`` reports the job's service restarts."""
     from tqdm import tqdm
 
-    from trainer.checkpoint import StateSampler
     from trainer.metrics import MetricsLog, StepLog
+    from trainer.sampler import StateSampler
 
     g = cfg.grpo
     sampler = StateSampler(len(states), g.batch_states, cfg.run.seed)

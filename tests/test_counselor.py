@@ -7,6 +7,8 @@ with a detail, ``--no-rag`` without a retriever is a clear CLI error; ``--endpoi
 two-stage path over a remote OpenAI-compatible model (the scripted double of tests/openai_double.py);
 hostile input (lone surrogates, a multi-megabyte message, a chunked body past the limit) gets a 4xx
 at once from all three kinds of server; ``rollout.episode.answer`` runs in-process on the same retriever.
+A real reply, its stream and ``/v1/models`` validate against the response models of
+``rollout.counselor.protocol``, which the OpenAPI schema of ``build_app`` names.
 Run: .venv/bin/python -m pytest -q tests/test_counselor.py"""
 
 import asyncio
@@ -171,3 +173,38 @@ def test_hostile_input_gets_4xx_at_once(urls, serve):
             yield b"x" * 262_144
     r = httpx.post(f"{urls['counselor']}/v1/chat/completions", content=chunks(), timeout=60)
     assert r.status_code == 413
+
+
+def test_replies_validate_against_the_response_models(urls, tiny_model):
+    from rollout.counselor.protocol import ChatCompletionChunk, ChatCompletionResponse, ModelList
+
+    base, body = urls["counselor"], {"model": "c", "messages": MESSAGES, "seed": 11, "temperature": 1.0}
+    r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+    resp = ChatCompletionResponse.model_validate(r.raise_for_status().json())
+    assert resp.model_dump(mode="json") == r.json()  # the model holds every key the server sent
+    assert resp.escrag.risk == "none" and len(resp.escrag.exemplars) == 2
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as s:
+        events = [line[len("data: "):] for line in s.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate_json(e) for e in events[:-1]]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == resp.choices[0].message.content
+    assert [c.escrag is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].escrag == resp.escrag
+    models = ModelList.model_validate(httpx.get(f"{base}/v1/models", timeout=30).json())
+    assert [m.id for m in models.data] == [tiny_model]  # --policy names the model
+
+
+def test_openapi_names_the_response_models():
+    from types import SimpleNamespace
+
+    from rollout.counselor.server import build_app
+
+    stub = SimpleNamespace(cfg=load_config("configs/cpu-test.yaml"), health=dict)  # routes are not called
+    paths = build_app(stub).openapi()["paths"]
+
+    def schema(path, method):
+        return paths[path][method]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+
+    assert schema("/v1/chat/completions", "post") == "#/components/schemas/ChatCompletionResponse"
+    assert schema("/v1/models", "get") == "#/components/schemas/ModelList"

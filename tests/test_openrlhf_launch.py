@@ -133,7 +133,7 @@ def test_resume_and_missing_sft(tmp_path, parser):
 
 
 def test_dataset_states_follow_the_local_sampler():
-    from trainer.checkpoint import StateSampler
+    from trainer.sampler import StateSampler
 
     states = list(range(10))
     cfg = _cfg("gpu-smoke", "grpo.steps=3", "grpo.batch_states=4")

@@ -210,8 +210,8 @@ def _plain_alternation(cfg, reward_url):
     from escrag.seeds import derive_seed
     from ray_jobs.train_grpo import total_steps, train_states
     from rollout.pool import RolloutPool
-    from trainer.checkpoint import StateSampler
     from trainer.learner import Learner
+    from trainer.sampler import StateSampler
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -243,7 +243,7 @@ def test_k0_equals_the_plain_alternation(ray_session, vowels_server, tmp_path):
 
 
 def test_k1_generates_the_next_step_during_the_update(ray_session, vowels_server, tmp_path):
-    from trainer.checkpoint import StateSampler
+    from trainer.sampler import StateSampler
 
     cfg = _job_cfg(tmp_path / "k1", vowels_server, k=1, steps=4)
     rows, samples, _ = _fit(cfg, vowels_server)

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from escrag.web.procs import ServerProcess
-from trainer.checkpoint import StateSampler
 from trainer.metrics import read_metrics
+from trainer.sampler import StateSampler
 
 ROOT = Path(__file__).resolve().parent.parent
 EXCLUDES = [".venv", ".cache", "runs", ".git", "bench/.cache", "**/__pycache__", ".pytest_cache"]

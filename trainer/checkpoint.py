@@ -1,7 +1,7 @@
-"""Training state that survives a crash: the data sampler and atomic checkpoints.
+"""Training state that survives a crash: atomic checkpoints.
 
-Owns: ``StateSampler`` (seeded epoch permutations over the train states; its position is two ints)
-and ``save_checkpoint`` / ``load_latest``. A checkpoint folder ``checkpoints/step-NNNNNN/`` holds the
+Owns: ``save_checkpoint`` / ``load_latest`` (the sampler, ``trainer.sampler.StateSampler``, saves its
+position in ``state.json``). A checkpoint folder ``checkpoints/step-NNNNNN/`` holds the
 learner state (trainable parameters, i.e. the LoRA adapter or the full policy, the optimizer, the
 weights version), ``state.json`` (completed steps, sampler position) and ``rng.pt`` (Python, NumPy
 and torch RNG states of the driver). It is written to a temp folder and renamed into place, then the
@@ -44,42 +44,6 @@ class CheckpointError(UserError):
     """A checkpoint that will not be loaded: an unsafe file, or a ``latest`` pointing outside."""
 
 
-class StateSampler:
-    """Batches of state indices: epoch e visits a permutation seeded by (seed, e); a batch that
-    crosses an epoch boundary continues into the next epoch."""
-
-    def __init__(self, n: int, batch: int, seed: int = 0):
-        if n < 1:
-            raise ValueError("no training states")
-        self.n, self.batch, self.seed = n, batch, seed
-        self.epoch, self.index = 0, 0
-
-    def _perm(self, epoch: int) -> list[int]:
-        order = list(range(self.n))
-        random.Random(self.seed * 100_003 + epoch).shuffle(order)
-        return order
-
-    def next_batch(self) -> list[int]:
-        out = []
-        while len(out) < self.batch:
-            perm = self._perm(self.epoch)
-            take = perm[self.index:self.index + self.batch - len(out)]
-            out += take
-            self.index += len(take)
-            if self.index >= self.n:
-                self.epoch, self.index = self.epoch + 1, 0
-        return out
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index, "n": self.n, "batch": self.batch, "seed": self.seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        if (state["n"], state["batch"], state["seed"]) != (self.n, self.batch, self.seed):
-            raise ValueError(f"checkpoint sampler (n, batch, seed) = {(state['n'], state['batch'], state['seed'])} "
-                             f"does not match this run's {(self.n, self.batch, self.seed)}")
-        self.epoch, self.index = state["epoch"], state["index"]
-
-
 def _rng_state() -> dict:
     """The driver's RNG states in plain types and tensors (loadable with ``weights_only=True``)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
@@ -93,8 +57,9 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(root: str | Path, step: int, learner_state: dict, state: dict, keep: int = 2) -> Path:
-    """Write ``root/step-NNNNNN`` atomically, point ``root/latest`` at it, keep the newest ``keep``."""
+def save_checkpoint(root: str | Path, step: int, learner_state: dict, state: dict, keep: int) -> Path:
+    """Write ``root/step-NNNNNN`` atomically, point ``root/latest`` at it, keep the newest ``keep``
+    (``grpo.keep_checkpoints``)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"

@@ -199,7 +199,7 @@ def dataset_states(cfg: Config, states: list) -> list:
     exactly the states of that many batches, drawn as the local backend draws them."""
     if not cfg.grpo.steps:
         return list(states)
-    from trainer.checkpoint import StateSampler
+    from trainer.sampler import StateSampler
 
     sampler = StateSampler(len(states), cfg.grpo.batch_states, cfg.run.seed)
     return [states[i] for _ in range(cfg.grpo.steps) for i in sampler.next_batch()]

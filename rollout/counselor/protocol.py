@@ -1,13 +1,17 @@
-"""Request schema of the counselor's OpenAI-compatible ``POST /v1/chat/completions``.
+"""Schemas of the counselor's OpenAI-compatible ``POST /v1/chat/completions`` and ``GET /v1/models``.
 
 Owns: the pydantic request model and its validation (roles, content shape, the last turn being the
-client's, ``n == 1``). Unknown OpenAI fields (``frequency_penalty``, ``user``, ...) are accepted and
-ignored, as with OpenAI-compatible servers in general. Kept free of torch and the engine.
+client's, ``n == 1``); the service's typed result ``CounselorAnswer``; and the response models: the
+chat completion, the streaming chunk (sent with ``exclude_unset``, as vLLM does, so a delta carries
+only what it sets and only the last chunk the ``escrag`` field) and the model list. The ``escrag``
+field (``EscragInfo``) is our addition to OpenAI's shape. Unknown OpenAI request fields
+(``frequency_penalty``, ``user``, ...) are accepted and ignored, as with OpenAI-compatible servers in
+general. Kept free of torch and the engine.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -64,3 +68,87 @@ class ChatCompletionRequest(BaseModel):
 
     def new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+# ---------------------------------------------------------------------------------- responses
+
+
+class Usage(BaseModel):
+    prompt_tokens: int  # over both stages
+    completion_tokens: int  # over both stages
+    total_tokens: int
+
+
+class EscragInfo(BaseModel):
+    """The top-level ``escrag`` field: how the reply came about."""
+
+    think: str  # the final output's <think> block ("" when the format does not parse)
+    initial: str  # the stage-1 response text ĉ ("" without RAG)
+    exemplars: list[dict[str, Any]]  # the retriever's hits as it sent them (id, history, response, score)
+    risk: Literal["none", "elevated", "high"]  # escrag.safety over the whole conversation
+    reasons: list[str]
+    categories: list[str]
+    output: str  # the raw final output
+    format_ok: bool
+
+
+class CounselorAnswer(BaseModel):
+    """``CounselorService.respond``'s result: one reply, before it is framed as a completion or chunks."""
+
+    text: str  # the client-facing reply after the safety check
+    finish_reason: str  # of the final stage: "stop" | "length" (a remote model may name others)
+    usage: Usage
+    escrag: EscragInfo
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    escrag: EscragInfo
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    escrag: EscragInfo | None = None  # the last chunk only
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "escrag"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

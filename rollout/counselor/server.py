@@ -28,34 +28,44 @@ import uuid
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from rollout.counselor.protocol import ChatCompletionRequest
-from rollout.counselor.service import ESCRAG_FIELDS, CounselorService, load_service
+from rollout.counselor.protocol import (
+    AssistantMessage,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    Choice,
+    ChunkChoice,
+    CounselorAnswer,
+    Delta,
+    ModelCard,
+    ModelList,
+)
+from rollout.counselor.service import CounselorService, load_service
 
 # ---------------------------------------------------------------------------------- the app
 
 
-def _completion(ans: dict, model: str) -> dict:
-    usage = dict(ans["usage"], total_tokens=sum(ans["usage"].values()))
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
-            "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": ans["response"]},
-                         "finish_reason": ans["finish_reason"], "logprobs": None}],
-            "usage": usage, "escrag": {k: ans[k] for k in ESCRAG_FIELDS}}
+def _completion(ans: CounselorAnswer, model: str) -> ChatCompletionResponse:
+    choice = Choice(message=AssistantMessage(content=ans.text), finish_reason=ans.finish_reason)
+    return ChatCompletionResponse(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()), model=model,
+                                  choices=[choice], usage=ans.usage, escrag=ans.escrag)
 
 
-def _sse(ans: dict, model: str):
-    """The final text as OpenAI ``chat.completion.chunk`` events, then ``[DONE]``."""
+def _sse(ans: CounselorAnswer, model: str):
+    """The final text as OpenAI ``chat.completion.chunk`` events, then ``[DONE]``. Every field a chunk
+    sends is set explicitly: it is dumped with ``exclude_unset``."""
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": model}
 
-    def event(delta: dict, finish=None, **extra) -> str:
-        chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
-        return f"data: {json.dumps(chunk)}\n\n"
+    def event(delta: Delta, finish=None, **extra) -> str:
+        chunk = ChatCompletionChunk(**base, choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                                    **extra)
+        return f"data: {json.dumps(chunk.model_dump(mode='json', exclude_unset=True))}\n\n"
 
-    yield event({"role": "assistant", "content": ""})
-    for piece in re.findall(r"\s*\S+", ans["response"]):
-        yield event({"content": piece})
-    yield event({}, ans["finish_reason"], escrag={k: ans[k] for k in ESCRAG_FIELDS})
+    yield event(Delta(role="assistant", content=""))
+    for piece in re.findall(r"\s*\S+", ans.text):
+        yield event(Delta(content=piece))
+    yield event(Delta(), ans.finish_reason, escrag=ans.escrag)
     yield "data: [DONE]\n\n"
 
 
@@ -70,15 +80,15 @@ def build_app(service: CounselorService, api_key: str | None = None,
                          health=lambda: {"model": model_name, **service.health()})
     risk_counter = metrics.counter("escrag_counselor_risk", "replies by risk level", ["level"])
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList)
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "escrag"}]}
+        return ModelList(data=[ModelCard(id=model_name)])
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse)
     async def chat(req: ChatCompletionRequest):
         ans = await service.respond(req)
-        risk_counter.labels(ans["risk"]).inc()
-        if req.stream:
+        risk_counter.labels(ans.escrag.risk).inc()
+        if req.stream:  # ChatCompletionChunk events
             return StreamingResponse(_sse(ans, model_name), media_type="text/event-stream")
         return _completion(ans, model_name)
 

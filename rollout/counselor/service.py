@@ -1,6 +1,6 @@
 """The counselor's logic: ``CounselorService`` (one history -> ``rollout.episode.answer`` -> safety check
--> the reply) and ``load_service`` (what ``escrag serve counselor``'s flags describe). The routes are
-``rollout.counselor.server``'s, the schemas ``rollout.counselor.protocol``'s.
+-> a typed ``CounselorAnswer``) and ``load_service`` (what ``escrag serve counselor``'s flags
+describe). The routes are ``rollout.counselor.server``'s, the schemas ``rollout.counselor.protocol``'s.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from escrag.errors import UserError
 from escrag.llm.endpoint import ChatEndpoint
 from escrag.safety.classifier import RiskClassifier
 from escrag.safety.reply import safety_reply
-from rollout.counselor.protocol import ChatCompletionRequest
+from rollout.counselor.protocol import ChatCompletionRequest, CounselorAnswer, EscragInfo, Usage
 from rollout.engines.base import SamplingParams
 from rollout.episode import answer, as_scheduler, engine_chat
-
-ESCRAG_FIELDS = ("think", "initial", "exemplars", "risk", "reasons", "categories", "output", "format_ok")
 
 
 class CounselorService:
@@ -42,18 +40,20 @@ class CounselorService:
             raise UserError(f"messages: the conversation holds {size} characters, more than this server's "
                             f"limit of {limit} (counselor.max_history_chars)")
 
-    async def respond(self, req: ChatCompletionRequest) -> dict:
+    async def respond(self, req: ChatCompletionRequest) -> CounselorAnswer:
         history = req.history()
         self.check(history)
         usage: dict = {}
         ans = await answer(history, self._chat(req, usage), self.retriever, self.cfg,
                            rag=self.retriever is not None, seed=req.seed)
         risk = self.classifier.assess(history)
-        ans.update(risk.to_dict(), response=safety_reply(ans["response"], risk, self.cfg.safety),
-                   finish_reason=usage.pop("finish_reason", "stop"))
-        ans["usage"] = {"prompt_tokens": usage.get("prompt_tokens", 0),
-                        "completion_tokens": usage.get("completion_tokens", 0)}
-        return ans
+        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        info = EscragInfo(think=ans["think"], initial=ans["initial"], exemplars=ans["exemplars"],
+                          output=ans["output"], format_ok=ans["format_ok"], **risk.to_dict())
+        return CounselorAnswer(text=safety_reply(ans["response"], risk, self.cfg.safety),
+                               finish_reason=usage.get("finish_reason", "stop"), escrag=info,
+                               usage=Usage(prompt_tokens=prompt, completion_tokens=completion,
+                                           total_tokens=prompt + completion))
 
     def _chat(self, req: ChatCompletionRequest, usage: dict):
         """The chat function for one request; ``max_tokens`` caps the final answer: stage 2 with RAG,
