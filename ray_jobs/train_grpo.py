@@ -285,7 +285,8 @@ def train_openrlhf(cfg: Config, policy: str | None = None, resume: bool = False,
     orl.require_policy(cfg, policy)
     out = Path(cfg.run.output_dir)
     with JobServices(cfg, write_resolved_config(cfg), out / "logs", need_retriever=cfg.rollout.rag, log=log) as svc:
-        orl.write_prompts(cfg, train_states(cfg), load_tokenizer(policy), svc.urls["retriever"], svc.urls["reward"])
+        orl.write_prompts(cfg, train_states(cfg), load_tokenizer(policy), svc.urls["retriever"], svc.urls["reward"],
+                          resume=resume)
         return orl.run(cmd, env, log=log)
 
 

@@ -140,3 +140,23 @@ def test_dataset_states_follow_the_local_sampler():
     sampler = StateSampler(10, 4, cfg.run.seed)
     assert orl.dataset_states(cfg, states) == [i for _ in range(3) for i in sampler.next_batch()]
     assert orl.dataset_states(_cfg("paper-7b"), states) == states
+
+
+def test_a_resumed_run_keeps_its_prompt_order(tmp_path):
+    """OpenRLHF resumes by position in the prompt file, so --resume draws it with the scheme of the file
+    already there: recorded beside it, or scheme 1 for a file from before the record (the old seeding)."""
+    import random
+
+    from trainer.sampler import SCHEME
+
+    cfg = _cfg("gpu-smoke", f"run.output_dir={tmp_path}", "grpo.steps=2", "grpo.batch_states=4")
+    prompts = orl.prompts_path(cfg)
+    assert orl.sampler_scheme(cfg, resume=True) == SCHEME  # nothing written yet
+    prompts.parent.mkdir(parents=True)
+    prompts.write_text("{}\n")  # a file from before the scheme was recorded
+    assert orl.sampler_scheme(cfg, resume=True) == 1 and orl.sampler_scheme(cfg, resume=False) == SCHEME
+    old = list(range(10))
+    random.Random(cfg.run.seed * 100_003).shuffle(old)  # the old formula, epoch 0
+    assert orl.dataset_states(cfg, list(range(10)), scheme=1) == old[:8]
+    prompts.with_suffix(".meta.json").write_text('{"sampler_scheme": 2}\n')
+    assert orl.sampler_scheme(cfg, resume=True) == 2

@@ -194,27 +194,44 @@ def one_line(cmd: list[str], env: dict[str, str] | None = None) -> str:
 # ------------------------------------------------------------------------------ the prompt dataset
 
 
-def dataset_states(cfg: Config, states: list) -> list:
+def sampler_scheme(cfg: Config, resume: bool) -> int:
+    """The state sampler's seeding scheme for the prompt file (``trainer.sampler``): a fresh run's, or
+    on resume the one the existing file was drawn with (recorded beside it; a file written before the
+    record existed used scheme 1). OpenRLHF resumes by position in the file, so the order must stay."""
+    from trainer.sampler import SCHEME
+
+    meta, prompts = prompts_path(cfg).with_suffix(".meta.json"), prompts_path(cfg)
+    if not resume or not prompts.is_file():
+        return SCHEME
+    return int(json.loads(meta.read_text())["sampler_scheme"]) if meta.is_file() else 1
+
+
+def dataset_states(cfg: Config, states: list, scheme: int | None = None) -> list:
     """The rows' states: every train state once (``grpo.epochs`` episodes), or with ``grpo.steps``
-    exactly the states of that many batches, drawn as the local backend draws them."""
+    exactly the states of that many batches, drawn as the local backend draws them (with ``scheme``,
+    default a fresh sampler's)."""
     if not cfg.grpo.steps:
         return list(states)
     from trainer.sampler import StateSampler
 
     sampler = StateSampler(len(states), cfg.grpo.batch_states, cfg.run.seed)
+    sampler.scheme = sampler.scheme if scheme is None else scheme
     return [states[i] for _ in range(cfg.grpo.steps) for i in sampler.next_batch()]
 
 
-def write_prompts(cfg: Config, states: list, tokenizer, retriever_url: str | None, reward_url: str) -> Path:
+def write_prompts(cfg: Config, states: list, tokenizer, retriever_url: str | None, reward_url: str,
+                  resume: bool = False) -> Path:
     """One row per state, ``{"prompt": stage-1 prompt text, "label": the agent's JSON label}``,
-    written atomically to ``prompts_path(cfg)``. Fails when a prompt leaves no room for both stages."""
+    written atomically to ``prompts_path(cfg)`` (rewritten on resume too: the services' URLs may have
+    changed, the order may not). Fails when a prompt leaves no room for both stages."""
     from tqdm import tqdm
 
     from escrag.atomic import write_text
     from rollout.openrlhf_agent import episode_label, stage1_prompt
 
     rows, longest = [], 0
-    for state in tqdm(dataset_states(cfg, states), desc="prompt dataset", unit="state", file=sys.stderr):
+    scheme = sampler_scheme(cfg, resume)
+    for state in tqdm(dataset_states(cfg, states, scheme), desc="prompt dataset", unit="state", file=sys.stderr):
         text = stage1_prompt(tokenizer, state.history, cfg)
         longest = max(longest, len(tokenizer(text, add_special_tokens=False).input_ids))
         rows.append(json.dumps({INPUT_KEY: text, LABEL_KEY: episode_label(state, cfg, retriever_url, reward_url)}))
@@ -224,7 +241,9 @@ def write_prompts(cfg: Config, states: list, tokenizer, retriever_url: str | Non
         raise ConfigError(f"openrlhf.max_len: the longest stage-1 prompt ({longest} tokens) plus the stage "
                           f"token caps need {need} > {cfg.openrlhf.max_len}, before the exemplars; raise it "
                           "or set data.max_history_turns")
-    return write_text(prompts_path(cfg), "\n".join(rows) + "\n")
+    path = write_text(prompts_path(cfg), "\n".join(rows) + "\n")
+    write_text(path.with_suffix(".meta.json"), json.dumps({"sampler_scheme": scheme}) + "\n")
+    return path
 
 
 # ------------------------------------------------------------------------------ the flag check
