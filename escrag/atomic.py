@@ -1,8 +1,10 @@
 """Atomic writes of files and folders: a reader sees the old version or the new one, never half of one.
 
 Owns: ``atomic_file`` (a handle on a temp file in the target's folder, renamed over the target when
-the block ends without error), the ``write_text`` / ``write_json`` shorthands, and ``atomic_dir``
-(a temp folder that replaces the target folder when the block ends without error).
+the block ends without error), the ``write_text`` / ``write_json`` shorthands, ``atomic_dir``
+(a temp folder that replaces the target folder when the block ends without error), and
+``read_manifest``, the one reader of the ``manifest.json`` that an index or reward-model folder is
+written with (last, so a folder with a manifest is complete).
 
 Replacing an existing folder uses Linux's ``renameat2(RENAME_EXCHANGE)``, which swaps the two paths
 in one step, so there is no moment without a folder at the target; the old folder is then removed.
@@ -21,7 +23,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from escrag.errors import UserError
+
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+MANIFEST_FILE = "manifest.json"
 
 
 @contextlib.contextmanager
@@ -50,6 +55,25 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def write_json(path: str | Path, data, indent: int | None = 2) -> Path:
     return write_text(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
+
+
+def read_manifest(folder: str | Path, what: str, hint: str, fields: tuple[str, ...]) -> dict:
+    """``folder/manifest.json``; a UserError naming the folder as not ``what`` ("an index folder") with
+    ``hint`` (how to make one) when there is none, naming the file when it is not a JSON object or
+    lacks one of ``fields``."""
+    path = Path(folder) / MANIFEST_FILE
+    if not path.is_file():
+        raise UserError(f"{folder}: not {what} (no {MANIFEST_FILE}; {hint})")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON ({exc.msg})") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path}: not a JSON object")
+    missing = [k for k in fields if k not in manifest]
+    if missing:
+        raise UserError(f"{path}: missing field(s) {', '.join(missing)}")
+    return manifest
 
 
 @contextlib.contextmanager

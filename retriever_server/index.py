@@ -20,12 +20,13 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from escrag.atomic import atomic_dir
+from escrag import atomic
+from escrag.atomic import MANIFEST_FILE, atomic_dir
 from escrag.errors import UserError
 from retriever_server.corpus import dump_chunks, sha256
 
 FORMAT = 1
-INDEX_FILE, CHUNKS_FILE, MANIFEST_FILE = "index.faiss", "chunks.jsonl", "manifest.json"
+INDEX_FILE, CHUNKS_FILE = "index.faiss", "chunks.jsonl"
 IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per cluster
 
 
@@ -103,19 +104,8 @@ def check_target(out: str | Path) -> None:
 
 
 def read_manifest(folder: str | Path) -> dict:
-    folder = Path(folder)
-    path = folder / MANIFEST_FILE
-    if not path.is_file():
-        raise UserError(f"{folder}: not an index folder (no {MANIFEST_FILE}); build one with "
-                        "`escrag index build --out DIR`")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: invalid JSON ({exc.msg})") from None
-    missing = [k for k in ("embedder", "dim", "count", "corpus_sha256", "index_type") if k not in manifest]
-    if missing:
-        raise UserError(f"{path}: missing field(s) {', '.join(missing)}")
-    return manifest
+    return atomic.read_manifest(folder, "an index folder", "build one with `escrag index build --out DIR`",
+                                ("embedder", "dim", "count", "corpus_sha256", "index_type"))
 
 
 def check_embedder(folder: str | Path, manifest: dict, embedder: str | None) -> None:

@@ -21,16 +21,15 @@ the last N turns before the token budget applies.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from escrag import prompts
-from escrag.atomic import atomic_file, write_json
+from escrag import atomic, prompts
+from escrag.atomic import MANIFEST_FILE, atomic_file, write_json
 from escrag.errors import UserError
 from escrag.models import resolve_device, resolve_model, torch_dtype
 
-HEAD_FILE, MANIFEST_FILE = "head.safetensors", "manifest.json"
+HEAD_FILE = "head.safetensors"
 FORMAT_VERSION = 1
 
 
@@ -131,18 +130,8 @@ def save_head(out: str | Path, weight, bias: float, manifest: dict) -> Path:
 
 
 def read_manifest(head_dir: str | Path) -> dict:
-    path = Path(head_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise UserError(f"{head_dir}: not a reward-model folder (no {MANIFEST_FILE}; "
-                        "make one with `escrag rm train`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: invalid JSON ({exc.msg})") from None
-    for key in ("backbone", "backbone_fingerprint", "dtype", "max_length", "hidden_size"):
-        if key not in manifest:
-            raise UserError(f"{path}: missing field {key!r}")
-    return manifest
+    return atomic.read_manifest(head_dir, "a reward-model folder", "make one with `escrag rm train`",
+                                ("backbone", "backbone_fingerprint", "dtype", "max_length", "hidden_size"))
 
 
 def load_head(head_dir: str | Path):

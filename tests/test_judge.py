@@ -191,3 +191,14 @@ def test_judge_key_changes_with_what_changes_the_answer(llm):
     assert k == j.key(HISTORY, " Reply. ") and k != j.key(HISTORY, "Other.")
     assert k != Judge(endpoint(llm), JudgeConfig(endpoint="judge", temperature=0.5)).key(HISTORY, "Reply.")
     assert k != Judge(endpoint(llm), JudgeConfig(endpoint="judge", max_history_turns=1)).key(HISTORY, "Reply.")
+
+
+def test_judge_template_version_is_pinned():
+    """The version is recorded in every judgment and cache key: it is the sha256 of the file's bytes, so
+    it changes only when judge_v1.txt does (then update this pin, knowing old judgments will not match)."""
+    t = JudgeTemplate.load("judge_v1")
+    assert t.version == "judge_v1@c12b16f7d77c"
+    assert t.sha256 == "c12b16f7d77c934b31bc66a9fd32978bd47279fbb2c52b49a9b00a68856674ec"
+    for name in ("nope", "prefs_v1", "../templates/judge_v1", "judge_v1.txt"):  # a folder, a path, a file name
+        with pytest.raises(ConfigError, match=r"^judge\.template: no template .* \(known: judge_v1\)$"):
+            JudgeTemplate.load(name)

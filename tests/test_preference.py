@@ -29,6 +29,7 @@ from escrag.data import DataError
 from escrag.pairs import METRICS, load_pairs
 from escrag.preference.build import (
     CounselingStage,
+    PromptSet,
     PsychState,
     Strategy,
     build,
@@ -471,3 +472,12 @@ def test_rm_trainer_and_index_builder_take_the_pairs_and_refuse_test_ones(built,
     index = escrag("index", "build", "--source", "prefs", "--pairs", str(tainted), "--out", str(tmp_path / "ix"))
     assert index.returncode == 2 and "comes from the test split" in index.stderr
     assert not (tmp_path / "rm2").exists() and not (tmp_path / "ix").exists()
+
+
+def test_prompt_set_version_is_pinned():
+    """The version is recorded in every pair's provenance: a sha256 over each prompt file's name and
+    bytes, so it changes only when a prefs_v1 file does (then update this pin)."""
+    assert PromptSet.load("prefs_v1").version == "prefs_v1@102effac894a"
+    for name in ("prefs_v0", "judge_v1", "..", "prefs_v1/"):  # a template file, a path, not a set
+        with pytest.raises(ConfigError, match=r"^prefs\.templates: no prompt set .* \(known: prefs_v1\)$"):
+            PromptSet.load(name)

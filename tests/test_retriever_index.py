@@ -8,6 +8,7 @@ Run: .venv/bin/python -m pytest -q tests/test_retriever_index.py"""
 import asyncio
 import dataclasses
 import json
+import re
 import shutil
 
 import faiss
@@ -180,3 +181,15 @@ def test_app_overload_and_scoreless_answers(index, embedder):
     assert answers[0].status_code == 503 and answers[0].headers["retry-after"] == "1"
     hits = answers[1].json()["results"][0]
     assert len(hits) == 3 and set(hits[0]) == {"id", "history", "response"}
+
+
+def test_bad_manifest_names_the_folder_or_file(tmp_path):
+    missing = f"{tmp_path}: not an index folder (no manifest.json; build one with `escrag index build --out DIR`)"
+    with pytest.raises(UserError, match="^" + re.escape(missing)):
+        read_manifest(tmp_path)
+    path = tmp_path / "manifest.json"
+    for text, why in (("{", "invalid JSON"), ("[1]", "not a JSON object"),
+                      ('{"embedder": "x", "dim": 3}', "missing field(s) count, corpus_sha256, index_type")):
+        path.write_text(text)
+        with pytest.raises(UserError, match=re.escape(f"{path}: {why}")):
+            read_manifest(tmp_path)

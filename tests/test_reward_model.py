@@ -5,6 +5,7 @@ backbone or a changed one.
 Run: .venv/bin/python -m pytest -q tests/test_reward_model.py"""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -118,3 +119,15 @@ def test_bad_head_folders_fail_clearly(backbone, tmp_path):
     (tmp_path / "rm" / "manifest.json").write_text("{")
     with pytest.raises(UserError, match="invalid JSON"):
         load_head(tmp_path / "rm")
+
+
+def test_bad_manifest_names_the_folder_or_file(tmp_path):
+    missing = f"{tmp_path}: not a reward-model folder (no manifest.json; make one with `escrag rm train`)"
+    with pytest.raises(UserError, match="^" + re.escape(missing)):
+        read_manifest(tmp_path)
+    path = tmp_path / "manifest.json"
+    for text, why in (("{", "invalid JSON"), ('"x"', "not a JSON object"),
+                      ('{"backbone": "b", "dtype": "float32"}', "missing field(s) backbone_fingerprint, max_length, hidden_size")):
+        path.write_text(text)
+        with pytest.raises(UserError, match=re.escape(f"{path}: {why}")):
+            read_manifest(tmp_path)

@@ -8,10 +8,11 @@ construction all reach LLMs through it; the config section is ``escrag.config.En
 One call: wait for a concurrency slot (``max_concurrency``) and, per attempt, a start slot
 (``requests_per_minute``: starts are spaced 60/rpm seconds apart, so a burst never trips the
 provider's limit), then ``POST {base_url}/chat/completions`` with a total timeout per attempt.
-Connection errors, timeouts, 429 and 5xx are retried up to ``retries`` times with exponential backoff
-(``backoff_s`` doubling, times a jitter in [0.5, 1], capped at ``max_backoff_s``); a ``Retry-After``
-header (seconds) replaces the backoff. Any other 4xx fails at once: the request itself is wrong. The
-concurrency slot is released while a call sleeps between attempts. Tokens come from the response's
+Connection errors, timeouts, 429, 5xx and a 200 without ``choices[0].message.content`` are retried up
+to ``retries`` times under ``escrag.web.retry.RetryPolicy`` (``backoff_s`` doubling, times a jitter in
+[0.5, 1], capped at ``max_backoff_s``; a usable ``Retry-After`` replaces the backoff). Any other 4xx
+fails at once: the request itself is wrong. The concurrency slot is released while a call sleeps
+between attempts. Tokens come from the response's
 ``usage``; cost = tokens x the configured USD price per million. Each call (not each attempt) is one
 JSON line in the log: request, response or error, every attempt's status and latency, tokens, cost.
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ import httpx
 
 from escrag.config import EndpointConfig
 from escrag.errors import ServiceError, UserError
+from escrag.web.retry import RETRY_ERRORS, GaveUp, Retryable, RetryPolicy, retry_after, retryable_status
 
 
 class EndpointError(ServiceError):
@@ -110,14 +111,6 @@ class CallLog:
             self._fh = None
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after", "")
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # absent, or an HTTP date: fall back to the backoff
-
-
 class ChatEndpoint:
     """``await ChatEndpoint(name, cfg, log).chat(messages, temperature=0, max_tokens=200)``."""
 
@@ -125,6 +118,7 @@ class ChatEndpoint:
         if not cfg.base_url or not cfg.model:
             raise UserError(f"endpoints.{name}: base_url and model are required")
         self.name, self.cfg, self.log = name, cfg, log or CallLog()
+        self.policy = RetryPolicy(cfg.backoff_s, cfg.max_backoff_s, attempts=cfg.retries + 1, jitter=True)
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         headers = {}
         if cfg.api_key_env:
@@ -158,39 +152,35 @@ class ChatEndpoint:
         if wait > 0:
             await asyncio.sleep(wait)
 
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(retry_after, self.cfg.max_backoff_s)
-        return min(self.cfg.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0), self.cfg.max_backoff_s)
-
-    async def _attempt(self, body: dict) -> tuple[dict | None, dict, float | None]:
-        """One POST: (response body or None, the attempt's record, Retry-After). Raises EndpointError
-        for answers that must not be retried."""
-        rec: dict = {}
+    async def _attempt(self, body: dict, attempts: list[dict]) -> dict:
+        """One POST: the response body; ``Retryable`` for an answer worth repeating, ``EndpointError`` for
+        one that must not be. The attempt's record goes on ``attempts`` (a rejected one's: by ``chat``)."""
         async with self._slots:
             await self._start_slot()
             t0 = time.monotonic()
             try:
                 resp = await asyncio.wait_for(self._client.post(self.url, json=body), self.cfg.timeout_s)
-            except (httpx.TransportError, TimeoutError) as exc:
+            except RETRY_ERRORS as exc:
                 name = type(exc).__name__
-                rec.update(status=None, error=f"{name}: {exc}" if str(exc) else name)
-                return None, {**rec, "latency_s": round(time.monotonic() - t0, 4)}, None
-        rec.update(status=resp.status_code, latency_s=round(time.monotonic() - t0, 4))
+                attempts.append({"status": None, "error": f"{name}: {exc}" if str(exc) else name,
+                                 "latency_s": round(time.monotonic() - t0, 4)})
+                raise Retryable(attempts[-1]["error"]) from None
+        rec = {"status": resp.status_code, "latency_s": round(time.monotonic() - t0, 4)}
         if resp.status_code >= 400:
-            rec["error"] = resp.text[:500]
-            if resp.status_code < 500 and resp.status_code != 429:
+            if not retryable_status(resp.status_code):
                 raise EndpointError(f"POST {self.url} rejected the request (HTTP {resp.status_code}: "
                                     f"{resp.text[:300]})", resp.status_code)
-            return None, rec, _retry_after(resp)
+            attempts.append({**rec, "error": resp.text[:500]})
+            raise Retryable(resp.text[:500], retry_after(resp))
+        attempts.append(rec)
         try:
             data = resp.json()
             if not isinstance(data["choices"][0]["message"]["content"], str):
                 raise TypeError("content is not a string")
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             rec["error"] = f"answer without choices[0].message.content ({exc}): {resp.text[:300]}"
-            return None, rec, None
-        return data, rec, None
+            raise Retryable(rec["error"]) from None
+        return data
 
     def _result(self, data: dict, t0: float, attempts: int) -> ChatResult:
         usage = data.get("usage") or {}
@@ -208,26 +198,22 @@ class ChatEndpoint:
         params = {"temperature": temperature, "max_tokens": max_tokens, "seed": seed, **extra}
         body = {"model": self.cfg.model, "messages": messages,
                 **{k: v for k, v in params.items() if v is not None}}
-        t0, attempts, error, status = time.monotonic(), [], "no attempt made", None
+        t0, attempts = time.monotonic(), []
         try:
-            for attempt in range(1, self.cfg.retries + 2):
-                data, rec, retry_after = await self._attempt(body)
-                attempts.append(rec)
-                if data is not None:
-                    result = self._result(data, t0, attempt)
-                    self._record(tag, body, attempts, result=result)
-                    return result
-                error, status = rec.get("error", "failed"), rec.get("status")
-                if attempt <= self.cfg.retries:
-                    await asyncio.sleep(self._backoff(attempt, retry_after))
+            data = await self.policy.run(lambda: self._attempt(body, attempts))
         except EndpointError as exc:
             attempts.append({"status": exc.status, "error": str(exc)})
             self._record(tag, body, attempts, error=str(exc))
             raise
-        message = (f"POST {self.url} failed after {len(attempts)} attempts "
-                   f"(last: {'HTTP ' + str(status) if status else 'no answer'}: {error[:300]})")
-        self._record(tag, body, attempts, error=message)
-        raise EndpointError(message, status)
+        except GaveUp:
+            status, error = attempts[-1]["status"], attempts[-1]["error"]
+            message = (f"POST {self.url} failed after {len(attempts)} attempts "
+                       f"(last: {'HTTP ' + str(status) if status else 'no answer'}: {error[:300]})")
+            self._record(tag, body, attempts, error=message)
+            raise EndpointError(message, status) from None
+        result = self._result(data, t0, len(attempts))
+        self._record(tag, body, attempts, result=result)
+        return result
 
     def _record(self, tag, body, attempts, result: ChatResult | None = None, error: str | None = None):
         entry = {"time": time.time(), "tag": tag, "request": body, "attempts": attempts}

@@ -1,8 +1,10 @@
 """The seven-metric LLM judge (paper 4.1, 3.2 and Appendix A.2), over any OpenAI-compatible endpoint.
 
-Owns: the versioned judge prompt (``escrag/templates/<name>.txt``), the strict parser of the judge's
-answer, the one repair-and-retry, ``JudgeResult`` and ``Judge.score(history, response)``. The
-evaluation scores systems with it; preference construction scores candidate pairs with it.
+Owns: the judge prompt (``escrag/templates/<name>.txt``, found, read and versioned by
+``escrag.llm.templates``), the strict parser of the judge's answer (``parse_json_object``, which
+preference construction shares, and ``parse_scores``), the one repair-and-retry, ``JudgeResult`` and
+``Judge.score(history, response)``. The evaluation scores systems with it; preference construction
+scores candidate pairs with it.
 
 Metrics (keys and names in ``escrag.pairs``): Client EI emotional impact, NE non-lecturing empathy,
 TA therapeutic alliance; Counselor SC strategic coherence, TH theoretical application; Judge SF
@@ -27,15 +29,14 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from string import Template
 
-from escrag.config import ConfigError, JudgeConfig
+from escrag.config import JudgeConfig
+from escrag.llm import templates
 from escrag.llm.endpoint import ChatEndpoint, EndpointError
 from escrag.pairs import METRICS
 from escrag.prompts import transcript
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"  # escrag/templates/
 SECTIONS = ("system", "user", "repair")
 _FENCE = re.compile(r"\A```[a-zA-Z]*\s*\n(.*)\n\s*```\Z", re.DOTALL)
 
@@ -50,18 +51,13 @@ class JudgeTemplate:
 
     @property
     def version(self) -> str:
-        return f"{self.name}@{self.sha256[:12]}"
+        return templates.version(self.name, self.sha256)
 
     @classmethod
     def load(cls, name: str) -> JudgeTemplate:
-        path = TEMPLATE_DIR / f"{name}.txt"
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not path.is_file():
-            known = sorted(p.stem for p in TEMPLATE_DIR.glob("*.txt"))
-            raise ConfigError(f"judge.template: no template {name!r} (known: {', '.join(known)})")
-        raw = path.read_bytes()
-        sections = read_sections(path, SECTIONS)
-        return cls(name, hashlib.sha256(raw).hexdigest(), sections["system"], sections["user"],
-                   sections["repair"])
+        path = templates.locate(name, folder=False, key="judge.template", what="template")
+        sections = templates.read_sections(path, SECTIONS)
+        return cls(name, hashlib.sha256(path.read_bytes()).hexdigest(), **sections)
 
     def messages(self, history_text: str, response: str) -> list[dict]:
         user = Template(self.user).substitute(history=history_text, response=response.strip())
@@ -69,15 +65,6 @@ class JudgeTemplate:
 
     def repair_message(self, error: str) -> dict:
         return {"role": "user", "content": Template(self.repair).substitute(error=error)}
-
-
-def read_sections(path: Path, names: tuple[str, ...]) -> dict[str, str]:
-    """A template file's ``### name`` sections (stripped); it must hold exactly ``names``."""
-    parts = re.split(r"^### (\w+)\n", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    sections = {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
-    if set(sections) != set(names):
-        raise ConfigError(f"{path}: needs exactly the sections {', '.join(names)}")
-    return sections
 
 
 def parse_json_object(text: str) -> tuple[dict | None, str]:

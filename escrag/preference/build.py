@@ -58,8 +58,9 @@ from escrag.cache import JsonlCache, content_key
 from escrag.config import Config, ConfigError, EndpointConfig, load_config
 from escrag.data import SPLITS, DataError, DialogueState, load_states, resolve_path
 from escrag.errors import EscragError
+from escrag.llm import templates
 from escrag.llm.endpoint import CallLog, ChatEndpoint, ChatResult, EndpointError
-from escrag.llm.judge import TEMPLATE_DIR, Judge, parse_json_object, read_sections
+from escrag.llm.judge import Judge, parse_json_object
 from escrag.pairs import METRICS, PreferencePair, write_pairs
 from escrag.prompts import transcript
 from escrag.seeds import derive_seed
@@ -218,18 +219,15 @@ class PromptSet:
 
     @classmethod
     def load(cls, name: str) -> PromptSet:
-        folder = TEMPLATE_DIR / name
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not folder.is_dir():
-            known = sorted(p.name for p in TEMPLATE_DIR.iterdir() if p.is_dir())
-            raise ConfigError(f"prefs.templates: no prompt set {name!r} (known: {', '.join(known)})")
+        folder = templates.locate(name, folder=True, key="prefs.templates", what="prompt set")
         digest, parts = hashlib.sha256(), {}
         for prompt, sections in PROMPTS.items():
             path = folder / f"{prompt}.txt"
             if not path.is_file():
                 raise ConfigError(f"prefs.templates: {path} is missing")
             digest.update(prompt.encode() + b"\0" + path.read_bytes() + b"\0")
-            parts[prompt] = read_sections(path, sections)
-        return cls(name, f"{name}@{digest.hexdigest()[:12]}", parts)
+            parts[prompt] = templates.read_sections(path, sections)
+        return cls(name, templates.version(name, digest.hexdigest()), parts)
 
     def messages(self, prompt: str, **values) -> list[dict]:
         p = self.parts[prompt]

@@ -1,10 +1,11 @@
 """A defensive async JSON client for the project's services.
 
-Owns: a total timeout per attempt, retries with exponential backoff (``backoff``, doubling up to 8x)
-on connection errors, 429 and 5xx, honouring the server's ``Retry-After``, until ``wait_s`` seconds
-have passed since the first attempt; no retry on other 4xx (the request itself is wrong); and a final
-``ServiceError`` that names the URL, the attempts, the time spent and the last cause. GET and POST
-behave the same. The retriever and reward clients are thin wrappers over it.
+Owns: a total timeout per attempt, retries under ``escrag.web.retry.RetryPolicy`` (on connection
+errors, timeouts, 429 and 5xx, with a backoff from ``backoff`` doubling up to 8x, or the server's
+``Retry-After``) until the next wait would end past ``wait_s`` seconds since the first attempt; no
+retry on other 4xx (the request itself is wrong); and a final ``ServiceError`` that names the URL, the
+attempts, the time spent and the last cause. GET and POST behave the same. The retriever and reward
+clients are thin wrappers over it.
 
 Waiting by time rather than by a count of attempts is what lets a training job ride out a server
 that dies and is restarted by the job (``ray_jobs.services``): the model reload takes seconds to
@@ -14,26 +15,31 @@ minutes, and the call goes through once it is back.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 
 from escrag.errors import ServiceError
+from escrag.web.retry import (
+    MAX_BACKOFF_FACTOR,
+    RETRY_ERRORS,
+    GaveUp,
+    Retryable,
+    RetryPolicy,
+    retry_after,
+    retryable_status,
+)
 
 __all__ = ["AsyncJsonClient", "ServiceError"]
-
-RETRY_STATUS = (429, 500, 502, 503, 504)
-
 
 class AsyncJsonClient:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
                  wait_s: float = 60.0, backoff: float = 0.5):
         self.base_url = base_url.rstrip("/")
-        self.timeout, self.wait_s, self.backoff = timeout, wait_s, backoff
+        self.timeout = timeout
+        self.policy = RetryPolicy(backoff, MAX_BACKOFF_FACTOR * backoff, deadline_s=wait_s)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.AsyncClient | None = None
         self._loop = None
-        self.retries = 0  # attempts that were retried, over this client's life (for metrics)
 
     def _http(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
@@ -50,45 +56,32 @@ class AsyncJsonClient:
         return await self._call("GET", path, None)
 
     async def _call(self, method: str, path: str, payload: dict | None) -> dict:
-        url, start, attempt = f"{self.base_url}{path}", time.monotonic(), 0
-        while True:
-            attempt += 1
-            delay, cause = await self._attempt(method, url, payload)
-            if delay is None:
-                return cause  # the decoded answer
-            delay = max(delay, self.backoff * 2 ** min(attempt - 1, 3))
-            if time.monotonic() - start + delay > self.wait_s:
-                raise ServiceError(f"{method} {url} failed after {attempt} attempt(s) over "
-                                   f"{time.monotonic() - start:.0f} s ({cause})")
-            self.retries += 1
-            await asyncio.sleep(delay)
+        url = f"{self.base_url}{path}"
+        try:
+            return await self.policy.run(lambda: self._attempt(method, url, payload))
+        except GaveUp as exc:
+            raise ServiceError(f"{method} {url} failed after {exc.attempts} attempt(s) over "
+                               f"{exc.spent_s:.0f} s ({exc.cause})") from None
 
     async def _attempt(self, method: str, url: str, payload: dict | None):
-        """(None, answer) on success; (minimum delay, cause) when worth retrying; raises otherwise."""
+        """The decoded answer; ``Retryable`` when worth retrying; ``ServiceError`` otherwise."""
         try:
             resp = await asyncio.wait_for(self._http().request(method, url, json=payload), self.timeout)
-        except (httpx.TransportError, TimeoutError) as exc:
-            return 0.0, f"{type(exc).__name__}: {exc}"
-        if resp.status_code < 400:
-            try:
-                return None, resp.json()
-            except ValueError:
-                raise ServiceError(f"{method} {url} answered {resp.status_code} with a body that is not "
-                                   f"JSON: {resp.text[:200]!r}") from None
-        cause = f"HTTP {resp.status_code}: {resp.text[:500]}"
-        if resp.status_code not in RETRY_STATUS:
-            raise ServiceError(f"{method} {url} rejected the request ({cause})")
-        return _retry_after(resp), cause
+        except RETRY_ERRORS as exc:
+            raise Retryable(f"{type(exc).__name__}: {exc}") from None
+        if resp.status_code >= 400:
+            cause = f"HTTP {resp.status_code}: {resp.text[:500]}"
+            if not retryable_status(resp.status_code):
+                raise ServiceError(f"{method} {url} rejected the request ({cause})")
+            raise Retryable(cause, retry_after(resp))
+        try:
+            return resp.json()
+        except ValueError:
+            raise ServiceError(f"{method} {url} answered {resp.status_code} with a body that is not "
+                               f"JSON: {resp.text[:200]!r}") from None
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
 
-
-def _retry_after(resp: httpx.Response) -> float:
-    """Seconds the server asked us to wait (``Retry-After`` in seconds), else 0."""
-    try:
-        return max(0.0, float(resp.headers.get("retry-after", 0)))
-    except ValueError:
-        return 0.0
