@@ -53,8 +53,19 @@ def write_text(path: str | Path, text: str) -> Path:
     return Path(path)
 
 
+def json_text(data, indent: int | None = None, **kw) -> str:
+    """JSON that any text survives a UTF-8 file in: non-ASCII stays readable, but when a string holds a
+    lone surrogate (which UTF-8 cannot encode: a provider's broken answer) the whole text is escaped."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False, **kw)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(data, indent=indent, **kw)
+    return text
+
+
 def write_json(path: str | Path, data, indent: int | None = 2) -> Path:
-    return write_text(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
+    return write_text(path, json_text(data, indent) + "\n")
 
 
 def read_manifest(folder: str | Path, what: str, hint: str, fields: tuple[str, ...]) -> dict:

@@ -15,10 +15,12 @@ import hashlib
 import json
 from pathlib import Path
 
+from escrag.atomic import json_text
+
 
 def content_key(obj) -> str:
     """sha256 of a JSON-able object with sorted keys."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class JsonlCache:
@@ -44,4 +46,4 @@ class JsonlCache:
         self.items[key] = value
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"key": key, "value": value}, ensure_ascii=False) + "\n")
+            fh.write(json_text({"key": key, "value": value}) + "\n")

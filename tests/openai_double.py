@@ -47,6 +47,11 @@ from fastapi.responses import JSONResponse
 from escrag.web.procs import free_port
 
 
+class _AsciiJSON(JSONResponse):
+    def render(self, content) -> bytes:
+        return json.dumps(content).encode("ascii")
+
+
 @dataclass
 class Reply:
     content: str | Callable[[dict], str] = ""  # assistant text, or a function of the request body
@@ -145,7 +150,7 @@ class OpenAIDouble:
         usage = reply.usage or {"prompt_tokens": len(_text(body, "all").split()),
                                 "completion_tokens": len(content.split())}
         usage = {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
-        return JSONResponse({
+        return _AsciiJSON({  # escaped like a real provider's JSON, so a lone surrogate can be sent
             "id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "double"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content},

@@ -20,7 +20,6 @@ JSON line in the log: request, response or error, every attempt's status and lat
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from escrag.atomic import json_text
 from escrag.config import EndpointConfig
 from escrag.errors import ServiceError, UserError
 from escrag.web.retry import RETRY_ERRORS, GaveUp, Retryable, RetryPolicy, retry_after, retryable_status
@@ -83,15 +83,15 @@ class CallLog:
             t = self.totals.setdefault(endpoint, _Totals())
             t.calls += 1
             t.attempts += len(entry["attempts"])
-            if result is None:
-                t.failed += 1
-            else:
-                t.prompt_tokens += result.prompt_tokens
-                t.completion_tokens += result.completion_tokens
-                t.cost += result.cost
+            t.failed += result is None
+            for a in entry["attempts"]:  # every billed attempt, a garbage 200 that was retried too
+                t.prompt_tokens += a.get("prompt_tokens", 0)
+                t.completion_tokens += a.get("completion_tokens", 0)
+                t.cost += a.get("cost", 0.0)
+            if result is not None:
                 t.without_usage += "usage" not in result.raw
             if self._fh is not None:
-                self._fh.write(json.dumps({"endpoint": endpoint, **entry}, ensure_ascii=False) + "\n")
+                self._fh.write(json_text({"endpoint": endpoint, **entry}) + "\n")
                 self._fh.flush()
 
     @property
@@ -172,9 +172,13 @@ class ChatEndpoint:
                                     f"{resp.text[:300]})", resp.status_code)
             attempts.append({**rec, "error": resp.text[:500]})
             raise Retryable(resp.text[:500], retry_after(resp))
-        attempts.append(rec)
         try:
             data = resp.json()
+        except ValueError:
+            data = None
+        rec.update(self._billed(data))
+        attempts.append(rec)
+        try:
             if not isinstance(data["choices"][0]["message"]["content"], str):
                 raise TypeError("content is not a string")
         except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -182,12 +186,26 @@ class ChatEndpoint:
             raise Retryable(rec["error"]) from None
         return data
 
-    def _result(self, data: dict, t0: float, attempts: int) -> ChatResult:
-        usage = data.get("usage") or {}
-        pt, ct = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        cost = (pt * self.cfg.price_input_per_m + ct * self.cfg.price_output_per_m) / 1e6
-        return ChatResult(data["choices"][0]["message"]["content"], data, pt, ct, cost,
-                          time.monotonic() - t0, attempts)
+    def _billed(self, data) -> dict:
+        """What one answered attempt cost: its ``usage`` (absent: nothing known), which must hold
+        non-negative integer token counts, else the call is an error (a provider's accounting is not
+        trusted blindly: a negative count would lower the spent budget)."""
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if usage is None:
+            return {}
+        counts = [usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")] if isinstance(usage, dict) else []
+        if len(counts) != 2 or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in counts):
+            raise EndpointError(f"POST {self.url} answered with an invalid usage {str(usage)[:200]!r} "
+                                f"(token counts must be non-negative integers)")
+        pt, ct = counts
+        return {"prompt_tokens": pt, "completion_tokens": ct,
+                "cost": (pt * self.cfg.price_input_per_m + ct * self.cfg.price_output_per_m) / 1e6}
+
+    def _result(self, data: dict, t0: float, attempts: list[dict]) -> ChatResult:
+        """The answer, with the tokens and cost of every billed attempt of the call."""
+        pt, ct = (sum(a.get(k, 0) for a in attempts) for k in ("prompt_tokens", "completion_tokens"))
+        return ChatResult(data["choices"][0]["message"]["content"], data, pt, ct,
+                          sum(a.get("cost", 0.0) for a in attempts), time.monotonic() - t0, len(attempts))
 
     async def chat(self, messages: list[dict], *, temperature: float | None = None,
                    max_tokens: int | None = None, seed: int | None = None, tag: str | None = None,
@@ -211,7 +229,7 @@ class ChatEndpoint:
                        f"(last: {'HTTP ' + str(status) if status else 'no answer'}: {error[:300]})")
             self._record(tag, body, attempts, error=message)
             raise EndpointError(message, status) from None
-        result = self._result(data, t0, len(attempts))
+        result = self._result(data, t0, attempts)
         self._record(tag, body, attempts, result=result)
         return result
 

@@ -38,6 +38,7 @@ from escrag.pairs import METRICS
 from escrag.prompts import transcript
 
 SECTIONS = ("system", "user", "repair")
+DELIMITERS = re.compile(r"<(/?\s*(?:reply|conversation)\s*)>", re.I)  # the template's blocks
 _FENCE = re.compile(r"\A```[a-zA-Z]*\s*\n(.*)\n\s*```\Z", re.DOTALL)
 
 
@@ -60,7 +61,10 @@ class JudgeTemplate:
         return cls(name, hashlib.sha256(path.read_bytes()).hexdigest(), **sections)
 
     def messages(self, history_text: str, response: str) -> list[dict]:
-        user = Template(self.user).substitute(history=history_text, response=response.strip())
+        """The judge's prompt; the judged texts cannot close the template's ``<reply>`` or
+        ``<conversation>`` block early (their delimiters inside are escaped, ``escape_delimiters``)."""
+        user = Template(self.user).substitute(history=escape_delimiters(history_text),
+                                              response=escape_delimiters(response.strip()))
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
     def repair_message(self, error: str) -> dict:
@@ -99,6 +103,12 @@ def parse_scores(text: str) -> tuple[dict[str, int] | None, str]:
         if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 10:
             return None, f"{k} must be an integer from 1 to 10, got {json.dumps(v)}"
     return {k: obj[k] for k in METRICS}, ""
+
+
+def escape_delimiters(text: str) -> str:
+    """``<reply>`` / ``</conversation>`` and the like inside a judged text as ``&lt;reply&gt;``, so a
+    reply cannot end its block and write instructions to the judge after it."""
+    return DELIMITERS.sub(lambda m: f"&lt;{m.group(1)}&gt;", text)
 
 
 @dataclass
