@@ -208,3 +208,40 @@ def test_openapi_names_the_response_models():
 
     assert schema("/v1/chat/completions", "post") == "#/components/schemas/ChatCompletionResponse"
     assert schema("/v1/models", "get") == "#/components/schemas/ModelList"
+
+
+def test_safety_comes_first_and_no_model_text_leaks(safety_cache):
+    """In-process service over a remote model (the scripted double): a high-risk conversation gets the
+    safety reply with nothing generated (the model is never called) and no model text in the response;
+    a reply that itself reads as high risk (here a policy echoing a client's plan in the first person)
+    is replaced the same way. The check reads the reply as one more client turn, so a second-person
+    instruction ("you could take ...") comes out elevated, not high: a known gap (docs/safety.md)."""
+    import dataclasses
+
+    from openai_double import OpenAIDouble, Reply
+
+    from escrag.llm.endpoint import ChatEndpoint
+    from escrag.safety.classifier import RiskClassifier
+    from rollout.counselor.protocol import ChatCompletionRequest
+    from rollout.counselor.service import CounselorService
+
+    cfg = load_config("configs/cpu-test.yaml")
+    harmful = "<think>secret plan</think><response>I've saved 40 pills and I'm taking them all tonight.</response>"
+    with OpenAIDouble() as llm:
+        llm.on("driving", "driving test", default=Reply(content=harmful), match="last")
+        llm.on("crisis", "pills ready", default=Reply(content="<think>t</think><response>MODEL TEXT</response>"))
+        ecfg = dataclasses.replace(cfg.counselor.endpoint, base_url=llm.base_url, model="gpt-x")
+        service = CounselorService(cfg, RiskClassifier.from_config(cfg), endpoint=ChatEndpoint("counselor", ecfg))
+
+        def respond(messages):
+            return asyncio.run(service.respond(ChatCompletionRequest(model="gpt-x", messages=messages)))
+
+        crisis = respond([{"role": "user", "content": CRISIS}])
+        assert llm.calls["crisis"] == 0  # assessed first: nothing generated
+        assert crisis.escrag.risk == "high" and "crisis line" in crisis.text
+        assert (crisis.escrag.output, crisis.escrag.think, crisis.escrag.initial) == ("", "", "")
+        assert "MODEL TEXT" not in crisis.model_dump_json()
+        bad = respond([{"role": "user", "content": "I failed my driving test again and I feel stupid."}])
+        assert llm.calls["driving"] == 1 and bad.escrag.risk == "high" and "crisis line" in bad.text
+        assert "pills" not in bad.model_dump_json() and "secret plan" not in bad.model_dump_json()
+        assert "withheld" in bad.escrag.reasons[0]

@@ -9,9 +9,10 @@ the project's retriever exactly as the trained policy does.
 The reply's ``choices[0].message.content`` is the final response text (``escrag.formats.reply_text``
 of the final output, or the stage-1 response when that is empty). A top-level ``escrag`` field carries
 ``think``, ``initial``, ``exemplars``, ``risk`` ("none" | "elevated" | "high"), ``reasons``,
-``categories``, the raw ``output`` and ``format_ok``. Every reply passes ``escrag.safety`` over the
-whole conversation (docs/safety.md): at high risk it is a supportive reply that names where to get
-help now in ``safety.locale``.
+``categories``, the raw ``output`` and ``format_ok``. Safety comes first (``rollout.counselor.service``):
+the conversation is assessed before anything is generated, and at high risk the reply is a supportive
+one that names where to get help now in ``safety.locale``, with no model text anywhere; the model's
+reply is assessed too and withheld the same way when it reads as high risk (docs/safety.md).
 
 Streaming (``stream: true``) sends the final response text as SSE chunks once both stages are done:
 the final output starts with the think block and must pass the safety check, so nothing can be sent

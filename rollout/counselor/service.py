@@ -1,10 +1,11 @@
-"""The counselor's logic: ``CounselorService`` (one history -> ``rollout.episode.answer`` -> safety check
--> a typed ``CounselorAnswer``) and ``load_service`` (what ``escrag serve counselor``'s flags
+"""The counselor's logic: ``CounselorService`` (one history -> safety check -> ``rollout.episode.answer``
+-> safety check of the reply -> a typed ``CounselorAnswer``) and ``load_service`` (what ``escrag serve counselor``'s flags
 describe). The routes are ``rollout.counselor.server``'s, the schemas ``rollout.counselor.protocol``'s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from escrag.config import Config
@@ -12,6 +13,7 @@ from escrag.errors import UserError
 from escrag.llm.endpoint import ChatEndpoint
 from escrag.safety.classifier import RiskClassifier
 from escrag.safety.reply import safety_reply
+from escrag.safety.types import with_answer
 from rollout.counselor.protocol import ChatCompletionRequest, CounselorAnswer, EscragInfo, Usage
 from rollout.engines.base import SamplingParams
 from rollout.episode import answer, as_scheduler, engine_chat
@@ -41,19 +43,39 @@ class CounselorService:
                             f"limit of {limit} (counselor.max_history_chars)")
 
     async def respond(self, req: ChatCompletionRequest) -> CounselorAnswer:
+        """Safety first: the conversation is assessed before anything is generated, and at high risk
+        the answer is the safety reply with no model text anywhere (nothing is generated); otherwise
+        the model's reply is assessed too (as one more turn of the conversation), and a high-risk
+        reply is replaced the same way. The checks run off the event loop."""
         history = req.history()
         self.check(history)
+        risk = await asyncio.to_thread(self.classifier.assess, history)
+        if risk.level == "high":
+            return self._safety_answer(risk, {})
         usage: dict = {}
         ans = await answer(history, self._chat(req, usage), self.retriever, self.cfg,
                            rag=self.retriever is not None, seed=req.seed)
-        risk = self.classifier.assess(history)
-        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        after = await asyncio.to_thread(self.classifier.assess, with_answer(history, ans["response"]))
+        if after.level == "high":
+            return self._safety_answer(after, usage, "the model's reply read as high risk and was withheld")
         info = EscragInfo(think=ans["think"], initial=ans["initial"], exemplars=ans["exemplars"],
                           output=ans["output"], format_ok=ans["format_ok"], **risk.to_dict())
-        return CounselorAnswer(text=safety_reply(ans["response"], risk, self.cfg.safety),
-                               finish_reason=usage.get("finish_reason", "stop"), escrag=info,
-                               usage=Usage(prompt_tokens=prompt, completion_tokens=completion,
-                                           total_tokens=prompt + completion))
+        return CounselorAnswer(text=ans["response"], finish_reason=usage.get("finish_reason", "stop"),
+                               escrag=info, usage=self._usage(usage))
+
+    def _safety_answer(self, risk, usage: dict, note: str | None = None) -> CounselorAnswer:
+        """The safety reply for ``risk``; the ``escrag`` field carries the assessment and no model text."""
+        found = risk.to_dict()
+        if note:  # the reasons would quote the withheld reply's words
+            found["reasons"] = [note]
+        info = EscragInfo(think="", initial="", exemplars=[], output="", format_ok=False, **found)
+        return CounselorAnswer(text=safety_reply("", risk, self.cfg.safety), finish_reason="stop", escrag=info,
+                               usage=self._usage(usage))
+
+    @staticmethod
+    def _usage(usage: dict) -> Usage:
+        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
     def _chat(self, req: ChatCompletionRequest, usage: dict):
         """The chat function for one request; ``max_tokens`` caps the final answer: stage 2 with RAG,
