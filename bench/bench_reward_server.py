@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--rm", default=None, help="trained head folder (default: a random head for --backbone)")
     p.add_argument("--items", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--batch", type=int, default=RewardConfig().max_batch)
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--history-turns", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)

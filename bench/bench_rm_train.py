@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         path = write_pairs(pairs, tmp / "pairs.jsonl")
         from reward_server.model import Backbone
 
-        Backbone(args.backbone, cfg.reward.dtype)  # warm-up: imports and the page cache, outside the timings
+        Backbone(args.backbone, cfg.reward.dtype, cfg.reward.max_length)  # warm-up: imports and the page cache, outside the timings
         ours = cached_train(cfg, path, tmp / "head")
         naive = naive_train(cfg, pairs)
     speedup = naive["seconds"] / ours["seconds"]

@@ -170,10 +170,20 @@ def _eval(sub) -> None:
     r.set_defaults(func=_lazy("evaluation.proxy:proxy_rm_main"))
 
 
+def _config(sub) -> None:
+    config = sub.add_parser("config", help="configuration presets").add_subparsers(dest="config_cmd", required=True)
+    p = config.add_parser("show", help="print the resolved config, one 'section.key: value  # help' a line")
+    p.add_argument("file", nargs="?", default=None, metavar="FILE",
+                   help="YAML preset (configs/*.yaml); default: the built-in defaults")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. -o grpo.lr=2e-6 (repeatable)")
+    p.set_defaults(func=_lazy("escrag.config:show_main"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="escrag", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for add in (_data, _index, _prefs, _rm, _serve, _train, _eval, _safety):
+    for add in (_data, _index, _prefs, _rm, _serve, _train, _eval, _safety, _config):
         add(sub)
     return parser
 

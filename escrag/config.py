@@ -1,23 +1,30 @@
-"""Typed configuration: ``configs/*.yaml`` -> nested dataclasses, validated at load.
+"""Typed configuration: ``configs/*.yaml`` -> nested pydantic dataclasses, validated at load.
 
-Owns: every tunable number of the project (the one source of truth; modules take these objects, not
-loose defaults) and the strict loader: an unknown key, a wrong type or an out-of-range value raises
-``ConfigError`` naming the key path (``grpo.clip_eps: must be <= 1, got 3.0``).
+Owns: every tunable number of the project (the one source of truth; modules take these objects or
+values passed from them, not loose defaults that repeat them), each key's help text
+(``Field(description=...)``, printed by ``escrag config show``), and the strict loader: an unknown
+key, a wrong type or an out-of-range value raises ``ConfigError`` naming the key path
+(``grpo.clip_eps: must be <= 1, got 3.0``).
 
-Defaults are Table 4 of the paper where it gives a value; ``configs/`` holds the presets.
-Ranges live in field metadata (``ge``/``gt``/``le``/``choices``) and are checked by the loader.
+Defaults are Table 4 of the paper where it gives a value; ``configs/`` holds the presets. Pydantic does
+the validation (``extra="forbid"``, ``Field`` ranges, ``Literal`` choices, and the scalar rules of
+``Int``/``Float``/``Bool``/``Str`` below); this module only turns its errors into key-path messages.
+The sections stay real dataclasses: ``dataclasses.replace`` validates the new values too.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
 
 from escrag.errors import UserError
 
@@ -26,462 +33,494 @@ class ConfigError(UserError):
     """A config file or override is invalid; the message starts with the key path."""
 
 
-def _f(default, **meta):
-    """A field with a default (copied if mutable) and validation metadata."""
+def _yaml_float(value):
+    """YAML 1.1 reads ``1e-6`` (no dot) as a string; such a string is the float it spells."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+# Scalar rules: an int is a float (and becomes one), a bool is neither an int nor a float, and a bool
+# or a str is only itself (``rag: 3`` and ``seed: "3"`` are errors, not coerced).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict(), BeforeValidator(_yaml_float)]
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict()]
+Key = Annotated[str, BeforeValidator(str)]  # a mapping's key: YAML reads ``3:`` as an int
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+_section = dataclass(config=ConfigDict(extra="forbid"))
+
+
+def _f(default, doc: str, **constraints):
+    """A field: its default (a fresh copy per instance when mutable), help text and range constraints."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
+        return Field(default_factory=lambda: copy.deepcopy(default), description=doc, **constraints)
+    return Field(default, description=doc, **constraints)
 
 
-@dataclass
+def _sub(cls, doc: str):
+    """A nested section: a fresh default instance per config."""
+    return Field(default_factory=cls, description=doc)
+
+
+@_section
 class RunConfig:
-    name: str = "escrag"
-    output_dir: str = "runs/escrag"  # checkpoints, logs, plots, built artefacts
-    seed: int = _f(0, ge=0)
-    server_timeout_s: float = _f(600.0, gt=0.0)  # wait for a started server's /health (model loads)
-    supervise_s: float = _f(1.0, gt=0.0)  # how often a job checks the servers it started (restarts dead ones)
-    demo_examples: int = _f(3, ge=1)  # held-out test states the demo answers with RAG inference
-    demo_compare_states: int = _f(16, ge=0)  # fixed held-out test states the demo scores SFT vs GRPO on; 0: skip
-    demo_compare_samples: int = _f(2, ge=1)  # answers per state and policy (same seeds for both)
+    name: Str = _f("escrag", "the run's name (each preset names itself after its file)")
+    output_dir: Str = _f("runs/escrag", "checkpoints, logs, plots, built artefacts")
+    seed: Int = _f(0, "seed of the run: sampling of states, rollouts and splits derive from it", ge=0)
+    server_timeout_s: Float = _f(600.0, "wait for a started server's /health (model loads)", gt=0.0)
+    supervise_s: Float = _f(1.0, "how often a job checks the servers it started (restarts dead ones)", gt=0.0)
+    demo_examples: Int = _f(3, "held-out test states the demo answers with RAG inference", ge=1)
+    demo_compare_states: Int = _f(16, "fixed held-out test states the demo scores SFT vs GRPO on; 0: skip", ge=0)
+    demo_compare_samples: Int = _f(2, "answers per state and policy (same seeds for both)", ge=1)
 
 
-@dataclass
+@_section
 class RayConfig:
-    address: str | None = None  # None: start a local Ray on 127.0.0.1; "auto" or an address: join
-    num_cpus: int | None = _f(None, ge=1)
-    tmpdir: str | None = None  # RAY_TMPDIR; None: <output_dir>/ray
+    address: Str | None = _f(None, 'None: start a local Ray on 127.0.0.1; "auto" or an address: join')
+    num_cpus: Int | None = _f(None, "CPUs of the local Ray a job starts; None: Ray's count of this machine",
+                              ge=1)
+    tmpdir: Str | None = _f(None, "RAY_TMPDIR; None: <output_dir>/ray")
 
 
-@dataclass
+@_section
 class DataConfig:
-    train: str = "train"  # bundled split name or ESConv-format JSONL path
-    eval: str = "valid"
-    test: str = "test"
-    max_history_turns: int | None = _f(None, ge=1)  # keep the last N turns in prompts; None: all
-    max_train_states: int | None = _f(None, ge=1)  # subsample the train states (seeded); None: all
+    train: Str = _f("train", "bundled split name or ESConv-format JSONL path")
+    eval: Str = _f("valid", "held-out split (bundled name or ESConv-format JSONL path)")
+    test: Str = _f("test", "test split (bundled name or ESConv-format JSONL path)")
+    max_history_turns: Int | None = _f(None, "keep the last N turns in prompts; None: all", ge=1)
+    max_train_states: Int | None = _f(None, "subsample the train states (seeded); None: all", ge=1)
 
 
-@dataclass
+@_section
 class LoraConfig:
-    enabled: bool = False
-    r: int = _f(16, ge=1)
-    alpha: int = _f(32, ge=1)
-    dropout: float = _f(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"])
+    enabled: Bool = _f(False, "train LoRA adapters instead of all weights (learner and SFT)")
+    r: Int = _f(16, "LoRA rank", ge=1)
+    alpha: Int = _f(32, "LoRA alpha (the adapters' update is scaled by alpha / r)", ge=1)
+    dropout: Float = _f(0.0, "dropout on the adapters' input", ge=0.0, lt=1.0)
+    target_modules: list[Str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "modules that get adapters")
 
 
-@dataclass
+@_section
 class PolicyConfig:
-    model: str = "packaged:smollm2-135m-instruct"  # see escrag.models.resolve_model
-    # compute dtype of the learner and SFT (autocast; weights stay float32) and the engines' weights
-    dtype: str = _f("float32", choices=("float32", "bfloat16", "float16"))
-    device: str = "auto"  # learner, its reference and SFT: auto = cuda when a GPU is visible, else cpu
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    model: Str = _f("packaged:smollm2-135m-instruct", "see escrag.models.resolve_model")
+    dtype: Dtype = _f("float32", "compute dtype of the learner and SFT (autocast; weights stay float32) and "
+                      "the engines' weights")
+    device: Str = _f("auto", "learner, its reference and SFT: auto = cuda when a GPU is visible, else cpu")
+    lora: LoraConfig = _sub(LoraConfig, "LoRA adapters of the learner and SFT")
 
 
-@dataclass
+@_section
 class RetrieverConfig:
-    embedder: str = "packaged:minilm"
-    index_dir: str | None = None  # None: <output_dir>/index
-    source: str = _f("esconv", choices=("esconv", "prefs"))
-    pairs: str | None = None  # ESC-Preference JSONL when source == "prefs"
-    index_type: str = _f("flat", choices=("flat", "hnsw", "ivf"))
-    k: int = _f(3, ge=1, le=50)  # Table 4: 3 retrieved chunks
-    url: str | None = None  # use a running retriever; None: the job starts one
-    embed_batch_size: int = _f(64, ge=1)
-    device: str = "auto"  # embedder: auto = cuda when a GPU is visible, else cpu
-    max_wait_ms: float = _f(5.0, ge=0.0)  # micro-batching window of the server
+    embedder: Str = _f("packaged:minilm", "sentence embedder of the corpus and the queries (a model spec)")
+    index_dir: Str | None = _f(None, "None: <output_dir>/index")
+    source: Literal["esconv", "prefs"] = _f("esconv", "corpus: ESConv train dialogues (esconv) or the "
+                                            "ESC-Preference pairs (prefs)")
+    pairs: Str | None = _f(None, 'ESC-Preference JSONL when source == "prefs"')
+    index_type: Literal["flat", "hnsw", "ivf"] = _f("flat", "FAISS index: flat (exact), hnsw or ivf")
+    k: Int = _f(3, "Table 4: 3 retrieved chunks", ge=1, le=50)
+    url: Str | None = _f(None, "use a running retriever; None: the job starts one")
+    embed_batch_size: Int = _f(64, "texts per embedder batch (index build; the server's micro-batch size)", ge=1)
+    device: Str = _f("auto", "embedder: auto = cuda when a GPU is visible, else cpu")
+    max_wait_ms: Float = _f(5.0, "micro-batching window of the server", ge=0.0)
     # corpus: a chunk is (last turns of the history, counselor response)
-    chunk_turns: int = _f(2, ge=1)  # history turns kept in a chunk
-    chunk_chars: int = _f(400, ge=16)  # history characters kept in a chunk (the end is kept)
-    max_chunks: int | None = _f(None, ge=1)  # keep the first N chunks (a CPU-sized corpus); None: all
-    min_response_chars: int = _f(16, ge=0)  # drop shorter responses ("Hello!") from the corpus
+    chunk_turns: Int = _f(2, "history turns kept in a chunk", ge=1)
+    chunk_chars: Int = _f(400, "history characters kept in a chunk (the end is kept)", ge=16)
+    max_chunks: Int | None = _f(None, "keep the first N chunks (a CPU-sized corpus); None: all", ge=1)
+    min_response_chars: Int = _f(16, 'drop shorter responses ("Hello!") from the corpus', ge=0)
     # index: HNSW / IVF knobs (flat, the default, is exact and has none)
-    hnsw_m: int = _f(32, ge=4)  # graph degree
-    hnsw_ef_construction: int = _f(200, ge=8)
-    hnsw_ef_search: int = _f(128, ge=1)
-    ivf_nlist: int = _f(1024, ge=1)  # clusters; capped at count/39 so each has training points
-    ivf_nprobe: int = _f(32, ge=1)  # clusters visited per query
-    # FAISS uses BLAS for flat search only from this many queries on; the faiss-cpu default here is
-    # 128000, so batch 64 on 100k x 384 runs a per-query loop ~3x slower than BLAS (design 5)
-    blas_threshold: int = _f(20, ge=1)
+    hnsw_m: Int = _f(32, "graph degree", ge=4)
+    hnsw_ef_construction: Int = _f(200, "HNSW candidate list while building (larger: better graph, slower build)",
+                                   ge=8)
+    hnsw_ef_search: Int = _f(128, "HNSW candidate list per query (larger: better recall, slower search)", ge=1)
+    ivf_nlist: Int = _f(1024, "clusters; capped at count/39 so each has training points", ge=1)
+    ivf_nprobe: Int = _f(32, "clusters visited per query", ge=1)
+    blas_threshold: Int = _f(20, "FAISS uses BLAS for flat search only from this many queries on; the faiss-cpu "
+                             "default here is 128000, so batch 64 on 100k x 384 runs a per-query loop ~3x slower "
+                             "than BLAS (design 5)", ge=1)
     # server
-    max_queue: int = _f(4096, ge=1)  # queries waiting; beyond it /retrieve answers 503 + Retry-After
-    max_queries: int = _f(256, ge=1)  # queries per request
-    max_query_chars: int = _f(8000, ge=1)  # per query; the embedder reads ~256 tokens anyway
-    max_body_bytes: int = _f(8 << 20, ge=1024)  # larger requests get 413
+    max_queue: Int = _f(4096, "queries waiting; beyond it /retrieve answers 503 + Retry-After", ge=1)
+    max_queries: Int = _f(256, "queries per request", ge=1)
+    max_query_chars: Int = _f(8000, "per query; the embedder reads ~256 tokens anyway", ge=1)
+    max_body_bytes: Int = _f(8 << 20, "larger requests get 413", ge=1024)
     # client (rollout workers, counselor API): a call is retried with backoff on connection errors,
     # 429 and 5xx (honouring Retry-After) until wait_s has passed, then the job stops cleanly
-    timeout_s: float = _f(60.0, gt=0.0)  # one attempt
-    wait_s: float = _f(300.0, gt=0.0)  # all attempts of one call (a restarted server reloads its model)
-    backoff_s: float = _f(0.5, gt=0.0)  # first retry delay; doubles up to 8x
+    timeout_s: Float = _f(60.0, "one attempt", gt=0.0)
+    wait_s: Float = _f(300.0, "all attempts of one call (a restarted server reloads its model)", gt=0.0)
+    backoff_s: Float = _f(0.5, "first retry delay; doubles up to 8x", gt=0.0)
 
 
-@dataclass
+@_section
 class RewardConfig:
-    backbone: str = "packaged:smollm2-135m-instruct"
-    head_dir: str | None = None  # None: <output_dir>/rm
-    pairs: str | None = None  # None: silver pairs bootstrapped from ESConv train
-    url: str | None = None  # use a running reward server; None: the job starts one
-    rule: str | None = None  # the job serves this rule (reward_server/rules.py) instead of the RM: tests
-    center_coef: float = _f(0.01, ge=0.0)  # λ of eq. 3 (Table 4: reward centering coefficient)
-    epochs: int = _f(5, ge=1)
-    lr: float = _f(5e-5, gt=0.0)
-    batch_size: int = _f(1, ge=1)  # pairs per micro-batch (Table 4: per-device batch 1)
-    grad_accum: int = _f(16, ge=1)
-    heldout_fraction: float = _f(0.1, gt=0.0, lt=1.0)
-    max_length: int = _f(1024, ge=16)  # tokens; longer inputs lose history from the left
-    max_pairs: int | None = _f(None, ge=2)  # seeded subsample of the pairs to train on; None: all
-    dtype: str = _f("float32", choices=("float32", "bfloat16", "float16"))  # frozen backbone dtype
-    device: str = "auto"  # frozen backbone: auto = cuda when a GPU is visible, else cpu
-    feature_cache: str | None = None  # cached backbone features; None: $ESCRAG_CACHE/rm-features
-    feature_batch_size: int = _f(8, ge=1)
-    max_batch: int = _f(32, ge=1)  # server micro-batch size
-    max_wait_ms: float = _f(5.0, ge=0.0)
-    max_queue: int = _f(1024, ge=1)  # server returns 503 + Retry-After beyond this
-    max_body_bytes: int = _f(8 << 20, ge=1024)  # larger requests get 413
-    timeout_s: float = _f(120.0, gt=0.0)  # client: one attempt
-    wait_s: float = _f(300.0, gt=0.0)  # client: all attempts of one call (see retriever.wait_s)
-    backoff_s: float = _f(0.5, gt=0.0)  # client: first retry delay; doubles up to 8x
+    backbone: Str = _f("packaged:smollm2-135m-instruct", "frozen backbone of the reward model (a model spec)")
+    head_dir: Str | None = _f(None, "None: <output_dir>/rm")
+    pairs: Str | None = _f(None, "None: silver pairs bootstrapped from ESConv train")
+    url: Str | None = _f(None, "use a running reward server; None: the job starts one")
+    rule: Str | None = _f(None, "the job serves this rule (reward_server/rules.py) instead of the RM: tests")
+    center_coef: Float = _f(0.01, "λ of eq. 3 (Table 4: reward centering coefficient)", ge=0.0)
+    epochs: Int = _f(5, "passes over the training pairs (Table 4)", ge=1)
+    lr: Float = _f(5e-5, "learning rate of the linear head (Table 4)", gt=0.0)
+    batch_size: Int = _f(1, "pairs per micro-batch (Table 4: per-device batch 1)", ge=1)
+    grad_accum: Int = _f(16, "micro-batches per optimizer step (Table 4)", ge=1)
+    heldout_fraction: Float = _f(0.1, "share of the pairs held out to report the head's accuracy", gt=0.0, lt=1.0)
+    max_length: Int = _f(1024, "tokens; longer inputs lose history from the left", ge=16)
+    max_pairs: Int | None = _f(None, "seeded subsample of the pairs to train on; None: all", ge=2)
+    dtype: Dtype = _f("float32", "frozen backbone dtype")
+    device: Str = _f("auto", "frozen backbone: auto = cuda when a GPU is visible, else cpu")
+    feature_cache: Str | None = _f(None, "cached backbone features; None: $ESCRAG_CACHE/rm-features")
+    feature_batch_size: Int = _f(8, "sequences per backbone forward when computing features", ge=1)
+    max_batch: Int = _f(32, "server micro-batch size", ge=1)
+    max_wait_ms: Float = _f(5.0, "micro-batching window of the server", ge=0.0)
+    max_queue: Int = _f(1024, "server returns 503 + Retry-After beyond this", ge=1)
+    max_body_bytes: Int = _f(8 << 20, "larger requests get 413", ge=1024)
+    timeout_s: Float = _f(120.0, "client: one attempt", gt=0.0)
+    wait_s: Float = _f(300.0, "client: all attempts of one call (see retriever.wait_s)", gt=0.0)
+    backoff_s: Float = _f(0.5, "client: first retry delay; doubles up to 8x", gt=0.0)
 
 
-@dataclass
+@_section
 class RolloutConfig:
-    engine: str = _f("transformers", choices=("transformers", "vllm"))
-    num_workers: int = _f(1, ge=1)
-    group_size: int = _f(4, ge=2)  # N (Table 4: 4)
-    temperature: float = _f(0.9, ge=0.0)  # 0 means greedy
-    top_p: float = _f(0.95, gt=0.0, le=1.0)
-    top_k: int = _f(64, ge=0)  # 0: full vocabulary; top-p then runs inside the top k
-    max_new_tokens_stage1: int = _f(96, ge=1)
-    max_new_tokens_stage2: int = _f(128, ge=1)
-    rag: bool = True  # False: vanilla one-stage GRPO rollouts (ablation)
-    train_stage1: bool = False  # True: stage-1 tokens also get loss mask 1 with the same advantage
-    device: str = _f("auto", choices=("auto", "cpu", "cuda"))  # transformers engine; auto: cuda if present
-    max_batch: int = _f(64, ge=1)  # rows decoding at once (transformers: KV slots; vllm: merged calls)
-    torch_threads: int = _f(0, ge=0)  # torch intra-op threads per worker; 0: torch's default
-    worker_cpus: float = _f(1.0, gt=0.0)  # Ray CPUs reserved per rollout worker actor
-    # Ray GPUs per worker; None: auto (a share of the cluster's GPUs when the engine runs on one, see
-    # trainer.learner.place); the vllm engine needs > 0 (0 means 1)
-    worker_gpus: float | None = _f(None, ge=0.0)
-    max_reissues: int = _f(3, ge=0)  # times the pool re-issues the states of a worker that died
-    restart_timeout_s: float = _f(300.0, gt=0.0)  # how long the pool waits for Ray to restart a worker
-    restart_poll_s: float = _f(0.1, gt=0.0)  # first poll of a restarting worker; doubles up to 20x
-    vllm_gpu_memory: float = _f(0.6, gt=0.0, le=1.0)  # vLLM gpu_memory_utilization per engine
+    engine: Literal["transformers", "vllm"] = _f("transformers", "generation engine of the rollout workers "
+                                                 "(rollout/engines/): transformers or vllm")
+    num_workers: Int = _f(1, "rollout worker actors", ge=1)
+    group_size: Int = _f(4, "N (Table 4: 4)", ge=2)
+    temperature: Float = _f(0.9, "0 means greedy", ge=0.0)
+    top_p: Float = _f(0.95, "nucleus sampling: keep the smallest set of tokens with this probability (Table 4)",
+                      gt=0.0, le=1.0)
+    top_k: Int = _f(64, "0: full vocabulary; top-p then runs inside the top k", ge=0)
+    max_new_tokens_stage1: Int = _f(96, "token cap of stage 1's answer ĉ (the retrieval query)", ge=1)
+    max_new_tokens_stage2: Int = _f(128, "token cap of stage 2's answer c (after the exemplars)", ge=1)
+    rag: Bool = _f(True, "False: vanilla one-stage GRPO rollouts (ablation)")
+    train_stage1: Bool = _f(False, "True: stage-1 tokens also get loss mask 1 with the same advantage")
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "transformers engine; auto: cuda if present")
+    max_batch: Int = _f(64, "rows decoding at once (transformers: KV slots; vllm: merged calls)", ge=1)
+    torch_threads: Int = _f(0, "torch intra-op threads per worker; 0: torch's default", ge=0)
+    worker_cpus: Float = _f(1.0, "Ray CPUs reserved per rollout worker actor", gt=0.0)
+    worker_gpus: Float | None = _f(None, "Ray GPUs per worker; None: auto (a share of the cluster's GPUs when "
+                                   "the engine runs on one, see trainer.learner.place); the vllm engine needs "
+                                   "> 0 (0 means 1)", ge=0.0)
+    max_reissues: Int = _f(3, "times the pool re-issues the states of a worker that died", ge=0)
+    restart_timeout_s: Float = _f(300.0, "how long the pool waits for Ray to restart a worker", gt=0.0)
+    restart_poll_s: Float = _f(0.1, "first poll of a restarting worker; doubles up to 20x", gt=0.0)
+    vllm_gpu_memory: Float = _f(0.6, "vLLM gpu_memory_utilization per engine", gt=0.0, le=1.0)
     # The transformers engine (rollout/engines/hf_engine.py; docs/rollout.md "The transformers engine").
-    # Engine weights: auto = bfloat16 on CUDA or a CPU with AMX/AVX512-BF16 (~5x the float32 matmul
-    # rate there), else policy.dtype. When it differs from policy.dtype the learner recomputes π_old.
-    dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
-    # torch.compile the decode step (batch size and length are dynamic: one graph per sampling
-    # params; the first compile takes minutes on a CPU, later processes reuse inductor's disk cache)
-    compile: bool = True
-    max_seq_len: int = _f(2048, ge=16)  # prompt + completion tokens of one row (its KV-cache slot)
-    prefix_cache_tokens: int = _f(16384, ge=0)  # K/V of finished rows kept for prompts extending them
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f(
+        "auto", "Engine weights: auto = bfloat16 on CUDA or a CPU with AMX/AVX512-BF16 (~5x the float32 matmul "
+        "rate there), else policy.dtype. When it differs from policy.dtype the learner recomputes π_old.")
+    compile: Bool = _f(True, "torch.compile the decode step (batch size and length are dynamic: one graph per "
+                       "sampling params; the first compile takes minutes on a CPU, later processes reuse "
+                       "inductor's disk cache)")
+    max_seq_len: Int = _f(2048, "prompt + completion tokens of one row (its KV-cache slot)", ge=16)
+    prefix_cache_tokens: Int = _f(16384, "K/V of finished rows kept for prompts extending them", ge=0)
 
 
-@dataclass
+@_section
 class SafetyConfig:
     """The crisis check (escrag/safety/, docs/safety.md): rules, a sentence head, a conversation head."""
-    embedder: str = "packaged:minilm"  # the head's embedder; the numbers below are set for all-MiniLM-L6-v2
-    tuning: str = "tuning"  # cases the head is fitted on: "tuning" (data/safety/tuning.jsonl) or a path
-    head: bool = True  # False: rules only (no embedder is loaded)
-    head_high: float = _f(0.99, gt=0.0, le=1.0)  # head probability of high -> "high" on its own
-    head_cue: float = _f(0.8, gt=0.0, le=1.0)  # ... -> "high" next to a rule cue of the same category
-    head_elevated: float = _f(0.5, gt=0.0, le=1.0)  # head probability of high -> "elevated"
-    head_min_words: int = _f(3, ge=1)  # shorter sentences ("ok bye") go through the rules only
-    head_c: float = _f(4.0, gt=0.0)  # inverse L2 strength of the head's logistic regression
-    head_rounds: int = _f(2, ge=0)  # multiple-instance rounds (re-picking each high case's sentence)
-    max_client_turns: int | None = _f(None, ge=1)  # check the last N client turns; None: all of them
-    cache_size: int = _f(4096, ge=0)  # sentences whose head output is kept (a growing chat re-sends its turns)
-    locale: str = _f("international", choices=("international", "us", "uk", "ie", "ca", "au", "eu"))
-    help_text: str | None = None  # where to get help, in your own words; replaces the locale's lines
-    rollout_metric: bool = True  # GRPO steps report risk_high_frac / risk_elevated_frac over their rollouts
+    embedder: Str = _f("packaged:minilm", "the head's embedder; the numbers below are set for all-MiniLM-L6-v2")
+    tuning: Str = _f("tuning", 'cases the head is fitted on: "tuning" (data/safety/tuning.jsonl) or a path')
+    head: Bool = _f(True, "False: rules only (no embedder is loaded)")
+    head_high: Float = _f(0.99, 'head probability of high -> "high" on its own', gt=0.0, le=1.0)
+    head_cue: Float = _f(0.8, '... -> "high" next to a rule cue of the same category', gt=0.0, le=1.0)
+    head_elevated: Float = _f(0.5, 'head probability of high -> "elevated"', gt=0.0, le=1.0)
+    head_min_words: Int = _f(3, 'shorter sentences ("ok bye") go through the rules only', ge=1)
+    head_c: Float = _f(4.0, "inverse L2 strength of the head's logistic regression", gt=0.0)
+    head_rounds: Int = _f(2, "multiple-instance rounds (re-picking each high case's sentence)", ge=0)
+    max_client_turns: Int | None = _f(None, "check the last N client turns; None: all of them", ge=1)
+    cache_size: Int = _f(4096, "sentences whose head output is kept (a growing chat re-sends its turns)", ge=0)
+    locale: Literal["international", "us", "uk", "ie", "ca", "au", "eu"] = _f(
+        "international", "whose crisis, emergency, abuse and poison lines the safety reply lists")
+    help_text: Str | None = _f(None, "where to get help, in your own words; replaces the locale's lines")
+    rollout_metric: Bool = _f(True, "GRPO steps report risk_high_frac / risk_elevated_frac over their rollouts")
     # The conversation head (escrag/safety/heads.py): a softmax regression over a language model's hidden
     # states of the whole conversation; the numbers below were chosen on round 6's dev half
     # (results/safety-designs), never on data/safety/eval.jsonl.
-    backbone: str | None = "packaged:smollm2-135m-instruct"  # None: no conversation head
-    conv_tuning: list[str] = _f(["tuning", "tuning-round6", "tuning-round7"])  # fitted on these, less round 6's dev groups
-    conv_layers: list[int] = _f([8, 16, 24])  # hidden states (of 30 in SmolLM2-135M) averaged over tokens
-    conv_c: float = _f(1.0, gt=0.0)  # inverse L2 strength of its logistic regression
-    conv_high: float = _f(0.93, gt=0.0, le=1.0)  # P(high) -> "high" on its own
-    conv_confirm: float = _f(0.2, ge=0.0, le=1.0)  # rules / sentence head "high" needs at least this, else elevated
-    conv_elevated: float = _f(0.5, gt=0.0, le=1.0)  # P(high) -> at least "elevated"
-    conv_batch: int = _f(16, ge=1)  # conversations per backbone forward
-    # the backbone's device: cpu (default: next to vLLM, whose memory share it would eat into), cuda[:N],
-    # or auto (cuda when a GPU is visible); a backbone larger than SmolLM2 is a GPU's job
-    conv_device: str = "cpu"
+    backbone: Str | None = _f("packaged:smollm2-135m-instruct", "None: no conversation head")
+    conv_tuning: list[Str] = _f(["tuning", "tuning-round6", "tuning-round7"],
+                                "fitted on these, less round 6's dev groups")
+    conv_layers: list[Int] = _f([8, 16, 24], "hidden states (of 30 in SmolLM2-135M) averaged over tokens")
+    conv_c: Float = _f(1.0, "inverse L2 strength of its logistic regression", gt=0.0)
+    conv_high: Float = _f(0.93, 'P(high) -> "high" on its own', gt=0.0, le=1.0)
+    conv_confirm: Float = _f(0.2, 'rules / sentence head "high" needs at least this, else elevated',
+                             ge=0.0, le=1.0)
+    conv_elevated: Float = _f(0.5, 'P(high) -> at least "elevated"', gt=0.0, le=1.0)
+    conv_batch: Int = _f(16, "conversations per backbone forward", ge=1)
+    conv_device: Str = _f("cpu", "the backbone's device: cpu (default: next to vLLM, whose memory share it would "
+                          "eat into), cuda[:N], or auto (cuda when a GPU is visible); a backbone larger than "
+                          "SmolLM2 is a GPU's job")
 
 
-@dataclass
+@_section
 class EndpointConfig:
     """An OpenAI-compatible chat endpoint (``escrag/llm/endpoint.py``): a judge, a baseline, a simulator."""
 
-    base_url: str = ""  # up to and including /v1, e.g. https://api.openai.com/v1
-    model: str = ""  # the "model" field of each request
-    api_key_env: str | None = None  # environment variable holding the key; None: no Authorization header
-    max_concurrency: int = _f(8, ge=1)  # requests in flight
-    requests_per_minute: float | None = _f(None, gt=0.0)  # request starts are spaced 60/rpm s; None: no limit
-    price_input_per_m: float = _f(0.0, ge=0.0)  # USD per million prompt tokens (cost accounting)
-    price_output_per_m: float = _f(0.0, ge=0.0)  # USD per million completion tokens
-    timeout_s: float = _f(120.0, gt=0.0)  # total time of one attempt
-    retries: int = _f(5, ge=0)  # further attempts after connection errors, timeouts, 429 and 5xx
-    backoff_s: float = _f(1.0, ge=0.0)  # wait before the first retry; doubles each time (Retry-After wins)
-    max_backoff_s: float = _f(60.0, gt=0.0)  # cap on any wait, Retry-After included
+    base_url: Str = _f("", "up to and including /v1, e.g. https://api.openai.com/v1")
+    model: Str = _f("", 'the "model" field of each request')
+    api_key_env: Str | None = _f(None, "environment variable holding the key; None: no Authorization header")
+    max_concurrency: Int = _f(8, "requests in flight", ge=1)
+    requests_per_minute: Float | None = _f(None, "request starts are spaced 60/rpm s; None: no limit", gt=0.0)
+    price_input_per_m: Float = _f(0.0, "USD per million prompt tokens (cost accounting)", ge=0.0)
+    price_output_per_m: Float = _f(0.0, "USD per million completion tokens", ge=0.0)
+    timeout_s: Float = _f(120.0, "total time of one attempt", gt=0.0)
+    retries: Int = _f(5, "further attempts after connection errors, timeouts, 429 and 5xx", ge=0)
+    backoff_s: Float = _f(1.0, "wait before the first retry; doubles each time (Retry-After wins)", ge=0.0)
+    max_backoff_s: Float = _f(60.0, "cap on any wait, Retry-After included", gt=0.0)
 
 
-@dataclass
+@_section
 class CounselorConfig:
     """``escrag serve counselor``: request limits and the remote-endpoint client."""
 
-    max_body_bytes: int = _f(1 << 20, ge=1024)  # larger requests get 413 at once
-    max_history_chars: int = _f(100_000, ge=1)  # longer conversations get 400 before any generation
-    # --endpoint: limits, retries and prices of the remote model (its URL, model and key come from flags)
-    endpoint: EndpointConfig = field(default_factory=EndpointConfig)
+    max_body_bytes: Int = _f(1 << 20, "larger requests get 413 at once", ge=1024)
+    max_history_chars: Int = _f(100_000, "longer conversations get 400 before any generation", ge=1)
+    endpoint: EndpointConfig = _sub(EndpointConfig, "--endpoint: limits, retries and prices of the remote model "
+                                    "(its URL, model and key come from flags)")
 
 
-@dataclass
+@_section
 class SftConfig:
-    data: str | None = None  # demonstrations JSONL; None: bootstrapped from ESConv train
-    num_examples: int = _f(500, ge=1)
-    epochs: int = _f(1, ge=1)
-    lr: float = _f(2e-4, gt=0.0)
-    batch_size: int = _f(4, ge=1)
-    grad_accum: int = _f(1, ge=1)
-    max_length: int = _f(512, ge=16)
-    max_steps: int | None = _f(None, ge=1)
-    max_grad_norm: float = _f(1.0, gt=0.0)
+    data: Str | None = _f(None, "demonstrations JSONL; None: bootstrapped from ESConv train")
+    num_examples: Int = _f(500, "demonstrations used (the first N of data, or N bootstrapped)", ge=1)
+    epochs: Int = _f(1, "passes over the demonstrations", ge=1)
+    lr: Float = _f(2e-4, "learning rate", gt=0.0)
+    batch_size: Int = _f(4, "demonstrations per micro-batch", ge=1)
+    grad_accum: Int = _f(1, "micro-batches per optimizer step", ge=1)
+    max_length: Int = _f(512, "tokens of one demonstration (prompt + response)", ge=16)
+    max_steps: Int | None = _f(None, "stop after this many optimizer steps; None: `epochs` passes", ge=1)
+    max_grad_norm: Float = _f(1.0, "gradient norm clip", gt=0.0)
 
 
-@dataclass
+@_section
 class GrpoConfig:
-    # local: the project's learner (one machine); openrlhf: OpenRLHF's Ray trainer (docs/cluster.md)
-    backend: str = _f("local", choices=("local", "openrlhf"))
-    steps: int | None = _f(None, ge=1)  # None: `epochs` passes over the train states
-    epochs: int = _f(2, ge=1)  # Table 4
-    batch_states: int = _f(128, ge=1)  # dialogue states per step (Table 4: 128)
-    lr: float = _f(1e-6, ge=0.0)  # Table 4
-    clip_eps: float = _f(0.2, gt=0.0, le=1.0)  # δ of eq. 11
-    kl_coef: float = _f(0.05, ge=0.0)  # Table 4; k3 estimator
-    adv_eps: float = _f(1e-6, gt=0.0)  # ε of eq. 9, inside the square root
-    ratio_level: str = _f("token", choices=("token", "sequence"))  # paper eq. 10 is per sequence
-    loss_agg: str = _f("token_mean", choices=("token_mean", "seq_mean"))
-    micro_batch_size: int = _f(4, ge=1)
-    updates_per_batch: int = _f(1, ge=1)  # optimizer passes over each rollout batch
-    # π_old of eq. 10: the learner's own log-probs before its first pass (True) or the rollout's
-    # recorded behaviour log-probs (False); None: True for the vllm engine, False for transformers
-    recompute_old_logprobs: bool | None = None
-    # Streaming learner (trainer.learner.LearnerActor, docs/training.md). 0: rollouts wait for each
-    # update (on-policy, the paper's setting); k > 0: rollouts of the next k steps are generated while
-    # the learner updates, and a group more than k weights versions behind the learner is dropped
-    max_staleness: int = _f(0, ge=0)
-    # decoupled objective (AReaL): with π_old recomputed, clip against it and weight each token by
-    # exp(π_old - behaviour); None: on when π_old is recomputed and max_staleness > 0
-    decoupled_loss: bool | None = None
-    behaviour_weight_cap: float | None = _f(5.0, ge=1.0)  # truncate that weight here; None: no truncation
-    learner_cpus: float = _f(1.0, gt=0.0)  # Ray CPUs reserved for the learner actor
-    learner_gpus: float | None = _f(None, ge=0.0)  # Ray GPUs of the learner; None: auto (trainer.learner.place)
-    learner_torch_threads: int = _f(0, ge=0)  # torch intra-op threads of the learner; 0: Ray's (= its CPUs)
-    max_grad_norm: float = _f(1.0, gt=0.0)
-    checkpoint_every: int = _f(10, ge=1)
-    keep_checkpoints: int = _f(2, ge=1)  # newest checkpoint folders kept on disk
-    log_every: int = _f(1, ge=1)
-    tensorboard: bool = True  # also write the per-step metrics as TensorBoard scalars
-    log_samples: bool = True  # <output_dir>/samples.jsonl: every sampled output with its reward and exemplars
+    backend: Literal["local", "openrlhf"] = _f("local", "local: the project's learner (one machine); openrlhf: "
+                                               "OpenRLHF's Ray trainer (docs/cluster.md)")
+    steps: Int | None = _f(None, "None: `epochs` passes over the train states", ge=1)
+    epochs: Int = _f(2, "Table 4", ge=1)
+    batch_states: Int = _f(128, "dialogue states per step (Table 4: 128)", ge=1)
+    lr: Float = _f(1e-6, "Table 4", ge=0.0)
+    clip_eps: Float = _f(0.2, "δ of eq. 11", gt=0.0, le=1.0)
+    kl_coef: Float = _f(0.05, "Table 4; k3 estimator", ge=0.0)
+    adv_eps: Float = _f(1e-6, "ε of eq. 9, inside the square root", gt=0.0)
+    ratio_level: Literal["token", "sequence"] = _f("token", "paper eq. 10 is per sequence")
+    loss_agg: Literal["token_mean", "seq_mean"] = _f("token_mean", "token_mean: over all trained tokens of the "
+                                                     "batch; seq_mean: per sequence, then over sequences (eq. 11)")
+    micro_batch_size: Int = _f(4, "sequences per learner forward and backward", ge=1)
+    updates_per_batch: Int = _f(1, "optimizer passes over each rollout batch", ge=1)
+    recompute_old_logprobs: Bool | None = _f(None, "π_old of eq. 10: the learner's own log-probs before its "
+                                             "first pass (True) or the rollout's recorded behaviour log-probs "
+                                             "(False); None: True for the vllm engine, False for transformers")
+    max_staleness: Int = _f(0, "Streaming learner (trainer.learner.LearnerActor, docs/training.md). 0: rollouts "
+                            "wait for each update (on-policy, the paper's setting); k > 0: rollouts of the next "
+                            "k steps are generated while the learner updates, and a group more than k weights "
+                            "versions behind the learner is dropped", ge=0)
+    decoupled_loss: Bool | None = _f(None, "decoupled objective (AReaL): with π_old recomputed, clip against it "
+                                     "and weight each token by exp(π_old - behaviour); None: on when π_old is "
+                                     "recomputed and max_staleness > 0")
+    behaviour_weight_cap: Float | None = _f(5.0, "truncate that weight here; None: no truncation", ge=1.0)
+    learner_cpus: Float = _f(1.0, "Ray CPUs reserved for the learner actor", gt=0.0)
+    learner_gpus: Float | None = _f(None, "Ray GPUs of the learner; None: auto (trainer.learner.place)", ge=0.0)
+    learner_torch_threads: Int = _f(0, "torch intra-op threads of the learner; 0: Ray's (= its CPUs)", ge=0)
+    max_grad_norm: Float = _f(1.0, "gradient norm clip", gt=0.0)
+    checkpoint_every: Int = _f(10, "steps between checkpoints", ge=1)
+    keep_checkpoints: Int = _f(2, "newest checkpoint folders kept on disk", ge=1)
+    log_every: Int = _f(1, "steps between progress lines", ge=1)
+    tensorboard: Bool = _f(True, "also write the per-step metrics as TensorBoard scalars")
+    log_samples: Bool = _f(True, "<output_dir>/samples.jsonl: every sampled output with its reward and exemplars")
 
 
-@dataclass
+@_section
 class OpenRLHFConfig:
     """The OpenRLHF backend (``trainer/openrlhf_launch.py``): placement and DeepSpeed knobs only; the
     algorithm's numbers (advantages, KL, lr, batch, sampling) come from ``grpo`` and ``rollout``."""
 
-    nodes: int = _f(1, ge=1)
-    gpus_per_node: int = _f(1, ge=1)  # actor (and reference) GPUs per node (paper: 2 for 3B, 4 for 7B)
-    vllm_engines: int | None = _f(None, ge=1)  # None: nodes x gpus_per_node / vllm_tensor_parallel
-    vllm_tensor_parallel: int = _f(1, ge=1)
-    colocate: bool = True  # vLLM, actor and reference share the GPUs, sleeping in turn (hybrid engine)
-    max_len: int = _f(4096, ge=64)  # tokens of one episode: stage-1 prompt + ĉ + feedback + c
-    zero_stage: int = _f(3, ge=0, le=3)
-    gradient_checkpointing: bool = True
-    adam_offload: bool = False
-    attn_implementation: str = "flash_attention_2"  # "sdpa" where flash-attn is not installed
-    rollout_micro_batch_size: int = _f(8, ge=1)  # sequences per forward when making experience
-    prefix_caching: bool = True  # stage 2 re-reads the stage-1 prompt and ĉ: vLLM reuses their KV
+    nodes: Int = _f(1, "Ray nodes of the actor (and reference)", ge=1)
+    gpus_per_node: Int = _f(1, "actor (and reference) GPUs per node (paper: 2 for 3B, 4 for 7B)", ge=1)
+    vllm_engines: Int | None = _f(None, "None: nodes x gpus_per_node / vllm_tensor_parallel", ge=1)
+    vllm_tensor_parallel: Int = _f(1, "GPUs per vLLM engine (tensor parallel size)", ge=1)
+    colocate: Bool = _f(True, "vLLM, actor and reference share the GPUs, sleeping in turn (hybrid engine)")
+    max_len: Int = _f(4096, "tokens of one episode: stage-1 prompt + ĉ + feedback + c", ge=64)
+    zero_stage: Int = _f(3, "DeepSpeed ZeRO stage", ge=0, le=3)
+    gradient_checkpointing: Bool = _f(True, "recompute activations in the backward pass (less memory)")
+    adam_offload: Bool = _f(False, "keep the Adam states in CPU memory")
+    attn_implementation: Str = _f("flash_attention_2", '"sdpa" where flash-attn is not installed')
+    rollout_micro_batch_size: Int = _f(8, "sequences per forward when making experience", ge=1)
+    prefix_caching: Bool = _f(True, "stage 2 re-reads the stage-1 prompt and ĉ: vLLM reuses their KV")
 
 
-@dataclass
+@_section
 class JudgeConfig:
     """The seven-metric LLM judge (``escrag/llm/judge.py``; paper 4.1 and Appendix A.2)."""
 
-    endpoint: str | None = None  # a name in ``endpoints``; None: no judge (offline proxy only)
-    template: str = "judge_v1"  # escrag/templates/<template>.txt; recorded with every score
-    temperature: float = _f(0.0, ge=0.0, le=2.0)
-    max_tokens: int = _f(200, ge=16)
-    json_mode: bool = False  # send response_format={"type": "json_object"} (OpenAI, vLLM accept it)
-    max_history_turns: int | None = _f(None, ge=1)  # turns of history the judge sees; None: all
+    endpoint: Str | None = _f(None, "a name in ``endpoints``; None: no judge (offline proxy only)")
+    template: Str = _f("judge_v1", "escrag/templates/<template>.txt; recorded with every score")
+    temperature: Float = _f(0.0, "sampling temperature of the judge", ge=0.0, le=2.0)
+    max_tokens: Int = _f(200, "tokens of one judge answer", ge=16)
+    json_mode: Bool = _f(False, 'send response_format={"type": "json_object"} (OpenAI, vLLM accept it)')
+    max_history_turns: Int | None = _f(None, "turns of history the judge sees; None: all", ge=1)
 
 
-@dataclass
+@_section
 class EvalSystemConfig:
     """One system under evaluation: a policy served by ``escrag serve counselor``, or an endpoint."""
 
-    name: str = ""  # unique; names the system in files and tables
-    label: str | None = None  # shown in tables and figures; None: the name
-    policy: str | None = None  # model spec or folder (exactly one of policy / endpoint)
-    endpoint: str | None = None  # a name in ``endpoints`` (a baseline such as GPT-4o, or a served model)
-    rag: bool = False  # two-stage RAG inference with the project's retriever
-    k: int | None = _f(None, ge=1, le=50)  # exemplars per query; None: retriever.k
-    overrides: list[str] = _f([])  # ``key=value`` for this system only (its counselor gets them as -o)
+    name: Str = _f("", "unique; names the system in files and tables")
+    label: Str | None = _f(None, "shown in tables and figures; None: the name")
+    policy: Str | None = _f(None, "model spec or folder (exactly one of policy / endpoint)")
+    endpoint: Str | None = _f(None, "a name in ``endpoints`` (a baseline such as GPT-4o, or a served model)")
+    rag: Bool = _f(False, "two-stage RAG inference with the project's retriever")
+    k: Int | None = _f(None, "exemplars per query; None: retriever.k", ge=1, le=50)
+    overrides: list[Str] = _f([], "``key=value`` for this system only (its counselor gets them as -o)")
 
 
-@dataclass
+@_section
 class EvalRowConfig:
-    label: str = ""
-    system: str = ""
+    label: Str = _f("", "the row's label in Table 2")
+    system: Str = _f("", "the system of the row (a name in eval.systems)")
 
 
-@dataclass
+@_section
 class ProxyConfig:
     """The offline proxy report (``evaluation/proxy.py``): not the paper's judge, never mixed with it."""
 
-    enabled: bool = True
-    rm_dir: str | None = None  # proxy reward model from ``escrag eval proxy-rm``; None: no RM score
-    training_rm_dir: str | None = None  # the RM the policy was trained against; None: reward.head_dir
-    copy_ngram: int = _f(8, ge=2)  # a response "copies" when it shares this many consecutive words
-    train_dialogues: int | None = _f(None, ge=2)  # proxy-rm: train dialogues to use; None: all disjoint ones
+    enabled: Bool = _f(True, "write the offline proxy report")
+    rm_dir: Str | None = _f(None, "proxy reward model from ``escrag eval proxy-rm``; None: no RM score")
+    training_rm_dir: Str | None = _f(None, "the RM the policy was trained against; None: reward.head_dir")
+    copy_ngram: Int = _f(8, 'a response "copies" when it shares this many consecutive words', ge=2)
+    train_dialogues: Int | None = _f(None, "proxy-rm: train dialogues to use; None: all disjoint ones", ge=2)
 
 
-@dataclass
+@_section
 class HumanConfig:
     """The blind pairwise human study (``evaluation/human.py``; paper 4.4 and Appendix E)."""
 
-    system: str | None = None  # the system under study; None: the first system
-    baselines: list[str] = _f([])  # compared with ``system``; empty: every other system
-    contexts: int = _f(100, ge=1)  # dialogue states drawn from the run's states (paper: 100)
+    system: Str | None = _f(None, "the system under study; None: the first system")
+    baselines: list[Str] = _f([], "compared with ``system``; empty: every other system")
+    contexts: Int = _f(100, "dialogue states drawn from the run's states (paper: 100)", ge=1)
 
 
-@dataclass
+@_section
 class EvalConfig:
-    states: int | None = _f(None, ge=1)  # seeded sample of test states; None: all of them
-    temperature: float | None = _f(None, ge=0.0, le=2.0)  # answers; None: rollout.temperature
-    concurrency: int = _f(8, ge=1)  # requests in flight to a counselor server
-    answer_timeout_s: float = _f(900.0, gt=0.0)  # one counselor answer, queueing included
-    bootstrap: int = _f(1000, ge=10)  # resamples for the confidence intervals
-    ci: float = _f(0.95, gt=0.0, lt=1.0)
-    systems: list[EvalSystemConfig] = _f([])
-    table2: list[EvalRowConfig] = _f([])  # Table 2 rows in order; deltas are against the first row
-    k_sweep: list[str] = _f([])  # RAG systems of one policy with k = 2, 3, 4 (Figure 3)
-    proxy: ProxyConfig = field(default_factory=ProxyConfig)
-    human: HumanConfig = field(default_factory=HumanConfig)
+    states: Int | None = _f(None, "seeded sample of test states; None: all of them", ge=1)
+    temperature: Float | None = _f(None, "answers; None: rollout.temperature", ge=0.0, le=2.0)
+    concurrency: Int = _f(8, "requests in flight to a counselor server", ge=1)
+    answer_timeout_s: Float = _f(900.0, "one counselor answer, queueing included", gt=0.0)
+    bootstrap: Int = _f(1000, "resamples for the confidence intervals", ge=10)
+    ci: Float = _f(0.95, "confidence level of the intervals", gt=0.0, lt=1.0)
+    systems: list[EvalSystemConfig] = _f([], "the systems under evaluation")
+    table2: list[EvalRowConfig] = _f([], "Table 2 rows in order; deltas are against the first row")
+    k_sweep: list[Str] = _f([], "RAG systems of one policy with k = 2, 3, 4 (Figure 3)")
+    proxy: ProxyConfig = _sub(ProxyConfig, "the offline proxy report")
+    human: HumanConfig = _sub(HumanConfig, "the blind pairwise human study")
 
 
-@dataclass
+@_section
 class PrefsConfig:
     """ESC-Preference construction (``escrag prefs build``, ``escrag/preference/build.py``; paper 3.2, App. A).
 
     Roles name endpoints in ``endpoints``; the evaluator scores with the ``judge`` section's template,
     temperature, max_tokens and json_mode (intermediate selection and the seven-metric evaluation)."""
 
-    candidates: list[str] = _f([])  # three-stage reasoners (paper: GPT-4o, Gemini-2.5-Pro, DeepSeek-V3)
-    generator: str | None = None  # paired response generator (paper: GPT-4o)
-    evaluator: str | None = None  # stage selection and seven-metric scores (paper: GPT-5-chat)
-    client: str | None = None  # client simulator; needed when simulate_turns > 0
-    templates: str = "prefs_v1"  # escrag/templates/<templates>/: the prompt set, recorded in every pair
-    states: int | None = _f(20, ge=1)  # seeded sample of data.train states; None: all of them
-    state_ids: list[str] = _f([])  # build exactly these "<dialogue_id>/<turn_index>" states instead
-    min_history_turns: int = _f(3, ge=1)  # skip states with a shorter history (greetings)
-    max_history_turns: int | None = _f(None, ge=1)  # turns of history in the prompts; None: all
-    simulate_turns: int = _f(0, ge=0)  # client turns simulated after each state (0: ESConv history as is)
-    concurrency: int = _f(8, ge=1)  # states in flight
-    temperature: float = _f(0.7, ge=0.0, le=2.0)  # candidates, generator and client simulator
-    reasoning_max_tokens: int = _f(300, ge=16)  # one counselor stage answer
-    select_max_tokens: int = _f(100, ge=16)  # one stage-selection answer
-    response_max_tokens: int = _f(200, ge=16)  # one counselor reply (paired responses, simulation)
-    client_max_tokens: int = _f(60, ge=8)  # one simulated client turn
-    client_max_words: int = _f(60, ge=1)  # a longer client turn counts as malformed
-    json_mode: bool = False  # send response_format={"type": "json_object"} to the JSON-answering stages
-    budget_usd: float | None = _f(None, gt=0.0)  # stop cleanly before the build's cost would pass it
-    output_dir: str | None = None  # None: <run.output_dir>/esc_preference
+    candidates: list[Str] = _f([], "three-stage reasoners (paper: GPT-4o, Gemini-2.5-Pro, DeepSeek-V3)")
+    generator: Str | None = _f(None, "paired response generator (paper: GPT-4o)")
+    evaluator: Str | None = _f(None, "stage selection and seven-metric scores (paper: GPT-5-chat)")
+    client: Str | None = _f(None, "client simulator; needed when simulate_turns > 0")
+    templates: Str = _f("prefs_v1", "escrag/templates/<templates>/: the prompt set, recorded in every pair")
+    states: Int | None = _f(20, "seeded sample of data.train states; None: all of them", ge=1)
+    state_ids: list[Str] = _f([], 'build exactly these "<dialogue_id>/<turn_index>" states instead')
+    min_history_turns: Int = _f(3, "skip states with a shorter history (greetings)", ge=1)
+    max_history_turns: Int | None = _f(None, "turns of history in the prompts; None: all", ge=1)
+    simulate_turns: Int = _f(0, "client turns simulated after each state (0: ESConv history as is)", ge=0)
+    concurrency: Int = _f(8, "states in flight", ge=1)
+    temperature: Float = _f(0.7, "candidates, generator and client simulator", ge=0.0, le=2.0)
+    reasoning_max_tokens: Int = _f(300, "one counselor stage answer", ge=16)
+    select_max_tokens: Int = _f(100, "one stage-selection answer", ge=16)
+    response_max_tokens: Int = _f(200, "one counselor reply (paired responses, simulation)", ge=16)
+    client_max_tokens: Int = _f(60, "one simulated client turn", ge=8)
+    client_max_words: Int = _f(60, "a longer client turn counts as malformed", ge=1)
+    json_mode: Bool = _f(False, 'send response_format={"type": "json_object"} to the JSON-answering stages')
+    budget_usd: Float | None = _f(None, "stop cleanly before the build's cost would pass it", gt=0.0)
+    output_dir: Str | None = _f(None, "None: <run.output_dir>/esc_preference")
 
 
-@dataclass
+@_section
 class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    safety: SafetyConfig = field(default_factory=SafetyConfig)
-    counselor: CounselorConfig = field(default_factory=CounselorConfig)
-    sft: SftConfig = field(default_factory=SftConfig)
-    grpo: GrpoConfig = field(default_factory=GrpoConfig)
-    openrlhf: OpenRLHFConfig = field(default_factory=OpenRLHFConfig)
-    endpoints: dict[str, EndpointConfig] = _f({})  # named OpenAI-compatible endpoints
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    prefs: PrefsConfig = field(default_factory=PrefsConfig)
+    run: RunConfig = _sub(RunConfig, "its name, output folder, seed, server waits and the demo")
+    ray: RayConfig = _sub(RayConfig, "the Ray cluster a job starts or joins")
+    data: DataConfig = _sub(DataConfig, "ESConv splits and prompt history")
+    policy: PolicyConfig = _sub(PolicyConfig, "the policy model trained by SFT and GRPO")
+    retriever: RetrieverConfig = _sub(RetrieverConfig, "exemplar corpus, FAISS index, retriever server and client")
+    reward: RewardConfig = _sub(RewardConfig, "reward model training, its server and client")
+    rollout: RolloutConfig = _sub(RolloutConfig, "sampling, engines and Ray workers of the two-stage rollouts")
+    safety: SafetyConfig = _sub(SafetyConfig, "the crisis check (docs/safety.md)")
+    counselor: CounselorConfig = _sub(CounselorConfig, "escrag serve counselor")
+    sft: SftConfig = _sub(SftConfig, "cold-start SFT (eq. 6)")
+    grpo: GrpoConfig = _sub(GrpoConfig, "retrieval-augmented GRPO (eq. 9-11, Algorithm 1)")
+    openrlhf: OpenRLHFConfig = _sub(OpenRLHFConfig, "the OpenRLHF backend (docs/cluster.md)")
+    endpoints: dict[Key, EndpointConfig] = _f({}, "named OpenAI-compatible endpoints")
+    judge: JudgeConfig = _sub(JudgeConfig, "the seven-metric LLM judge")
+    eval: EvalConfig = _sub(EvalConfig, "the systems under evaluation, their tables, the proxy report and "
+                            "the human study")
+    prefs: PrefsConfig = _sub(PrefsConfig, "ESC-Preference construction (escrag prefs build)")
 
 
 # --------------------------------------------------------------------------- loading
 
-
-def _check_range(path: str, value, meta) -> None:
-    checks = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-              ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<"))
-    for key, ok, sym in checks:
-        if key in meta and value is not None and not ok(value, meta[key]):
-            raise ConfigError(f"{path}: must be {sym} {meta[key]}, got {value!r}")
-    if "choices" in meta and value not in meta["choices"]:
-        raise ConfigError(f"{path}: must be one of {list(meta['choices'])}, got {value!r}")
+_CONFIG = TypeAdapter(Config)
+_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
+           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
+_SCALARS = {"int_type": "int", "float_type": "float", "bool_type": "bool", "string_type": "str"}
+_UNKNOWN = ("unexpected_keyword_argument", "extra_forbidden")
 
 
-def _coerce(path: str, tp, value):
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(path, args[0], value)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
-        return _build(tp, value, path)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
-        _, item = typing.get_args(tp)
-        return {str(k): _coerce(f"{path}.{k}", item, v) for k, v in value.items()}
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")
-        (item,) = typing.get_args(tp)
-        return [_coerce(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):  # YAML reads 1e-6 as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ConfigError(f"{path}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
-    return value
+def _key_path(loc: tuple) -> str:
+    """pydantic's ``loc`` as the key path: ``("eval", "systems", 0, "k")`` -> ``eval.systems[0].k``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
 
 
-def _build(cls, data: dict, prefix: str = ""):
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ConfigError(f"{where}{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
-    kwargs = {}
-    for name, value in data.items():
-        path = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(path, hints[name], value)
-        _check_range(path, kwargs[name], fields[name].metadata)
-    return cls(**kwargs)
+def _strip_optional(tp):
+    """``X | None`` -> ``X``; anything else as it is."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def _type_at(loc: tuple):
+    """The annotation (Optional and Annotated stripped) of the value at ``loc`` under ``Config``."""
+    tp = Config
+    for part in loc:
+        if dataclasses.is_dataclass(tp):
+            tp = _strip_optional(typing.get_type_hints(tp)[part])
+        else:  # a list's item or a mapping's value
+            tp = _strip_optional(typing.get_args(tp)[-1])
+    return tp
+
+
+def _message(err: dict) -> str:
+    """One pydantic error as ``key.path: what is wrong, got what``."""
+    loc, kind, value, ctx = err["loc"], err["type"], err.get("input"), err.get("ctx") or {}
+    path = _key_path(loc)
+    if kind in _UNKNOWN:
+        known = ", ".join(sorted(f.name for f in dataclasses.fields(_type_at(loc[:-1]))))
+        return f"{path}: unknown key (known: {known})"
+    if kind in _BOUNDS:
+        key, sym = _BOUNDS[kind]
+        return f"{path}: must be {sym} {ctx[key]}, got {value!r}"
+    if kind == "literal_error":
+        return f"{path}: must be one of {list(typing.get_args(_type_at(loc)))}, got {value!r}"
+    if kind in _SCALARS:
+        return f"{path}: expected {_SCALARS[kind]}, got {type(value).__name__} {value!r}"
+    if kind in ("dataclass_type", "dataclass_exact_type", "dict_type"):
+        return f"{path}: expected a mapping, got {type(value).__name__}"
+    if kind == "list_type":
+        return f"{path}: expected a list, got {type(value).__name__}"
+    return f"{path}: {err['msg']}"
 
 
 def _set_path(tree: dict, dotted: str, value) -> None:
@@ -495,13 +534,17 @@ def _set_path(tree: dict, dotted: str, value) -> None:
 
 def from_dict(data: dict, overrides: list[str] = ()) -> Config:
     """Build a Config from a mapping plus ``key.path=value`` overrides (values parsed as YAML)."""
-    data = dict(data or {})
+    data = copy.deepcopy(dict(data or {}))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"{item}: override must look like section.key=value")
         key, raw = item.split("=", 1)
         _set_path(data, key.strip(), yaml.safe_load(raw))
-    return _build(Config, data)
+    try:
+        return _CONFIG.validate_python(data)
+    except ValidationError as exc:
+        errors = exc.errors()  # one message, like a hand-written loader: an unknown key first (a typo)
+        raise ConfigError(_message(next((e for e in errors if e["type"] in _UNKNOWN), errors[0]))) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
@@ -532,7 +575,45 @@ def output_path(cfg: Config, *parts: str) -> Path:
     return Path(cfg.run.output_dir, *parts)
 
 
-@dataclass(frozen=True)
+# --------------------------------------------------------------------------- escrag config show
+
+
+def _sections_in(value) -> list[tuple[str, Any]]:
+    """(path suffix, section) of each item of a non-empty list or mapping of sections, else []."""
+    if isinstance(value, dict):
+        items = [(f".{k}", v) for k, v in value.items()]
+    elif isinstance(value, list):
+        items = [(f"[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return []
+    return items if items and all(dataclasses.is_dataclass(v) for _, v in items) else []
+
+
+def describe(section, prefix: str = "") -> list[str]:
+    """``key.path: value  # help`` lines of a config (or one section); a section opens with ``# path: help``."""
+    lines = []
+    for f in dataclasses.fields(section):
+        value, path = getattr(section, f.name), f"{prefix}{f.name}"
+        doc = type(section).__pydantic_fields__[f.name].description
+        if dataclasses.is_dataclass(value):
+            lines += [f"# {path}: {doc}", *describe(value, f"{path}.")]
+        elif subs := _sections_in(value):
+            for suffix, item in subs:
+                lines += [f"# {path}{suffix}: {doc}", *describe(item, f"{path}{suffix}.")]
+        else:
+            lines.append(f"{path}: {json.dumps(value, ensure_ascii=False)}  # {doc}")
+    return lines
+
+
+def show_main(args) -> int:
+    """Handler of ``escrag config show``: the resolved config, each key with its help text."""
+    cfg = load_config(args.file, args.override)
+    print(f"# {args.file or 'defaults'}" + "".join(f" -o {o}" for o in args.override))
+    print("\n".join(describe(cfg)))
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
 class RunPaths:
     """Where every stage reads and writes by default: the one place these paths are spelt."""
 

@@ -84,8 +84,9 @@ def transcript(history: Sequence[Message], max_chars: int | None = None) -> str:
     return text
 
 
-def chunk_history(history: Sequence[Message], max_turns: int = 2, max_chars: int = 400) -> str:
-    """The short history of a retrieval chunk: the last ``max_turns`` turns, at most ``max_chars``."""
+def chunk_history(history: Sequence[Message], max_turns: int, max_chars: int) -> str:
+    """The short history of a retrieval chunk: the last ``max_turns`` turns, at most ``max_chars``
+    (``retriever.chunk_turns``, ``retriever.chunk_chars``)."""
     return transcript(_tail(history, max_turns), max_chars)
 
 

@@ -48,8 +48,9 @@ def _ngrams(tokens: list[str], n: int) -> set[tuple]:
     return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
 
 
-def copies(response: str, exemplars: list[dict], n: int = 8) -> bool:
-    """True when ``response`` shares ``n`` consecutive words with one exemplar (its history or reply)."""
+def copies(response: str, exemplars: list[dict], n: int) -> bool:
+    """True when ``response`` shares ``n`` (``eval.proxy.copy_ngram``) consecutive words with one exemplar
+    (its history or reply)."""
     mine = _ngrams(words(response), n)
     if not mine:
         return False

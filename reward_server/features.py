@@ -66,7 +66,7 @@ class FeatureCache:
         self._rows.update(zip(keys, np.asarray(feats, dtype=np.float32)))
 
 
-def cached_features(backbone, seqs: list[list[int]], cache: FeatureCache, batch_size: int = 8,
+def cached_features(backbone, seqs: list[list[int]], cache: FeatureCache, batch_size: int,
                     desc: str = "backbone features") -> tuple[np.ndarray, dict]:
     """Features [n, H] for token sequences, running the backbone only on those not yet cached.
 

@@ -58,8 +58,8 @@ def backbone_fingerprint(spec: str, dtype: str) -> str:
 class Backbone:
     """The frozen f_θ with its tokenizer; ``features`` counts every sequence it runs."""
 
-    def __init__(self, spec: str, dtype: str = "float32", max_length: int = 1024,
-                 max_turns: int | None = None, device: str = "cpu"):
+    def __init__(self, spec: str, dtype: str, max_length: int, max_turns: int | None = None, device: str = "cpu"):
+        """``dtype``, ``max_length``: ``reward.dtype``, ``reward.max_length`` (or a head's manifest)."""
         import torch
         from transformers import AutoModel, AutoTokenizer
 

@@ -153,10 +153,10 @@ def record(p1: list[int], g1: Generation, feedback: list[int] | None, g2: Genera
     return TokenSequence(ids, mask, logp, ranges)
 
 
-def as_scheduler(engine: GenerationEngine | EngineScheduler, max_batch: int = 64):
+def as_scheduler(engine: GenerationEngine | EngineScheduler, max_batch: int):
     """An object with ``async generate(prompt_ids, params, seeds)`` and ``tokenizer``: the engine's own
     continuous-batching front (``engine.scheduler()``), the object itself when it is already async,
-    else an ``EngineScheduler`` over the engine."""
+    else an ``EngineScheduler`` over the engine merging up to ``max_batch`` (``rollout.max_batch``) rows."""
     if isinstance(engine, EngineScheduler) or getattr(engine, "is_async", False):
         return engine
     if hasattr(engine, "scheduler"):

@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from escrag.config import RewardConfig
 from escrag.web.batching import MicroBatcher, QueueFull
 
 
@@ -16,7 +17,8 @@ def test_concurrent_requests_are_coalesced_in_order():
         return [x * x for x in items]
 
     async def main():
-        b = MicroBatcher(square, max_batch=16, max_wait_ms=600_000)  # batches close on count alone
+        b = MicroBatcher(square, max_batch=16, max_wait_ms=600_000,  # batches close on count alone
+                         max_queue=RewardConfig().max_queue)
         return await asyncio.gather(*(b.submit([i, i + 100]) for i in range(24)))
 
     results = asyncio.run(main())

@@ -1,11 +1,15 @@
-"""Config presets load into typed dataclasses; unknown keys, wrong types and out-of-range values fail
-at load with the key path. Run: .venv/bin/python -m pytest -q tests/test_config.py"""
+"""Config presets load into pydantic-validated dataclasses; unknown keys, wrong types and out-of-range
+values fail at load (file or -o override) with the key path; dataclasses.replace validates too; every
+field has help text, which `escrag config show` prints. Run: .venv/bin/python -m pytest -q tests/test_config.py"""
 
+import dataclasses
+import typing
 from pathlib import Path
 
+import pydantic
 import pytest
 
-from escrag.config import Config, ConfigError, load_config
+from escrag.config import Config, ConfigError, GrpoConfig, from_dict, load_config, to_dict
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -66,3 +70,70 @@ def test_overrides_and_numeric_coercion(tmp_path):
 def test_missing_file():
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("/nonexistent.yaml")
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("policy.lora.bogus=1", "policy.lora.bogus: unknown key (known: alpha, dropout, enabled, r, target_modules)"),
+    ("endpoints={judge: {bogus: 1}}", "endpoints.judge.bogus: unknown key"),
+    ("rollout.top_p=2", "rollout.top_p: must be <= 1"),
+    ("eval.systems=[{name: a, k: 0}]", "eval.systems[0].k: must be >= 1, got 0"),
+    ("grpo.batch_states=true", "grpo.batch_states: expected int, got bool True"),
+    ("grpo.batch_states=3.0", "grpo.batch_states: expected int, got float 3.0"),
+    ("grpo.lr=true", "grpo.lr: expected float, got bool True"),
+    ("run.name=3", "run.name: expected str, got int 3"),
+    ("safety.conv_layers=[a]", "safety.conv_layers[0]: expected int, got str 'a'"),
+    ("rollout.dtype=fp8", "rollout.dtype: must be one of ['auto', 'float32', 'bfloat16', 'float16'], got 'fp8'"),
+])
+def test_bad_override_names_key(tmp_path, override, needle):
+    path = write(tmp_path, "grpo:\n  lr: 1e-6\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [override])
+    assert str(err.value).startswith(f"{path}: ") and needle in str(err.value)
+
+
+def test_sections_stay_validated_dataclasses():
+    cfg = load_config()
+    assert from_dict(to_dict(cfg)) == cfg == Config()
+    grpo = dataclasses.replace(cfg.grpo, clip_eps=0.3, lr=1)
+    assert grpo.clip_eps == 0.3 and isinstance(grpo.lr, float)
+    with pytest.raises(pydantic.ValidationError):
+        dataclasses.replace(cfg.grpo, clip_eps=3.0)
+    with pytest.raises(pydantic.ValidationError):
+        GrpoConfig(clipeps=0.2)
+
+
+def _sections(cls, seen):
+    """``cls`` and every section class under it (mappings' values and lists' items included)."""
+    seen.add(cls)
+    for tp in typing.get_type_hints(cls).values():
+        for sub in (tp, *typing.get_args(tp)):
+            if dataclasses.is_dataclass(sub) and sub not in seen:
+                _sections(sub, seen)
+    return seen
+
+
+def test_every_field_has_help():
+    classes = _sections(Config, set())
+    assert len(classes) >= 20
+    missing = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls)
+               if not (cls.__pydantic_fields__[f.name].description or "").strip()]
+    assert missing == []
+
+
+def test_config_show_prints_help(capsys):
+    from escrag.cli import main
+
+    assert main(["config", "show", str(CONFIGS / "cpu-demo.yaml"), "-o", "grpo.clip_eps=0.25"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert 'run.name: "cpu-demo"  # the run\'s name (each preset names itself after its file)' in out
+    assert "grpo.clip_eps: 0.25  # δ of eq. 11" in out
+    assert "policy.lora.r: 16  # LoRA rank" in out and "# policy.lora: LoRA adapters of the learner and SFT" in out
+
+
+def test_config_show_bad_file_is_one_line(tmp_path, capsys):
+    from escrag.cli import main
+
+    path = write(tmp_path, "grpo:\n  clip_eps: 3.0\n")
+    assert main(["config", "show", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{path}: grpo.clip_eps: must be <= 1" in err

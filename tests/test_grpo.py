@@ -13,7 +13,10 @@ import math
 import pytest
 import torch
 
+from escrag.config import GrpoConfig
 from trainer.grpo import group_advantages, k3_kl, policy_loss
+
+G = GrpoConfig()  # the config's defaults, passed explicitly where a test does not vary them
 
 
 def _batch(seed=0, B=6, T=9):
@@ -108,10 +111,10 @@ def test_loss_matches_loop_reference(ratio_level, loss_agg):
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
 def test_micro_batches_sum_to_whole_batch(loss_agg):
     logp, old, ref, adv, mask = _batch(3, B=8)
-    whole, _ = policy_loss(logp, old, ref, adv, mask, loss_agg=loss_agg)
+    whole, _ = policy_loss(logp, old, ref, adv, mask, G.clip_eps, G.kl_coef, G.ratio_level, loss_agg)
     denom = mask.sum().item() if loss_agg == "token_mean" else 8
     parts = [policy_loss(logp[i:i + 3], old[i:i + 3], ref[i:i + 3], adv[i:i + 3], mask[i:i + 3],
-                         loss_agg=loss_agg, denom=denom)[0] for i in (0, 3, 6)]
+                         G.clip_eps, G.kl_coef, G.ratio_level, loss_agg, denom=denom)[0] for i in (0, 3, 6)]
     assert sum(parts).item() == pytest.approx(whole.item(), rel=1e-6)
 
 
@@ -119,7 +122,7 @@ def test_ratio_one_is_policy_gradient():
     """At θ = θ_old, ∇loss = -Σ A ∇logp / n_tokens (no clipping, no KL)."""
     logp, _, _, adv, mask = _batch(4)
     theta = logp.clone().requires_grad_(True)
-    loss, m = policy_loss(theta, logp.clone(), None, adv, mask, kl_coef=0.0)
+    loss, m = policy_loss(theta, logp.clone(), None, adv, mask, G.clip_eps, 0.0, G.ratio_level, G.loss_agg)
     loss.backward()
     want = -(adv[:, None] * mask) / mask.sum()
     assert torch.allclose(theta.grad, want, atol=1e-7)
@@ -128,9 +131,9 @@ def test_ratio_one_is_policy_gradient():
 
 def test_constant_group_gives_zero_gradient():
     logp, old, _, _, mask = _batch(5, B=4)
-    adv = group_advantages(torch.full((1, 4), 3.0))[0]
+    adv = group_advantages(torch.full((1, 4), 3.0), G.adv_eps)[0]
     theta = logp.clone().requires_grad_(True)
-    policy_loss(theta, old, None, adv, mask, kl_coef=0.0)[0].backward()
+    policy_loss(theta, old, None, adv, mask, G.clip_eps, 0.0, G.ratio_level, G.loss_agg)[0].backward()
     assert torch.count_nonzero(theta.grad) == 0
 
 
@@ -138,12 +141,14 @@ def test_clipped_tokens_have_no_gradient():
     # ratio e^{0.5} > 1.2 with A > 0, and e^{-0.5} < 0.8 with A < 0: both clipped, gradient 0
     old = torch.zeros(2, 3)
     theta = torch.tensor([[0.5] * 3, [-0.5] * 3], requires_grad=True)
-    loss, m = policy_loss(theta, old, None, torch.tensor([1.0, -1.0]), torch.ones(2, 3), kl_coef=0.0)
+    loss, m = policy_loss(theta, old, None, torch.tensor([1.0, -1.0]), torch.ones(2, 3), G.clip_eps, 0.0,
+                          G.ratio_level, G.loss_agg)
     loss.backward()
     assert torch.count_nonzero(theta.grad) == 0 and m["clip_frac"].item() == 1.0
     # the other side of the clip is not clipped: the ratio still moves the loss
     theta2 = torch.tensor([[-0.5] * 3], requires_grad=True)
-    loss2, m2 = policy_loss(theta2, torch.zeros(1, 3), None, torch.tensor([1.0]), torch.ones(1, 3), kl_coef=0.0)
+    loss2, m2 = policy_loss(theta2, torch.zeros(1, 3), None, torch.tensor([1.0]), torch.ones(1, 3),
+                            G.clip_eps, 0.0, G.ratio_level, G.loss_agg)
     loss2.backward()
     assert torch.count_nonzero(theta2.grad) == 3 and m2["clip_frac"].item() == 0.0
 
@@ -151,7 +156,7 @@ def test_clipped_tokens_have_no_gradient():
 def test_masked_tokens_get_no_gradient():
     logp, old, ref, adv, mask = _batch(6)
     theta = logp.clone().requires_grad_(True)
-    policy_loss(theta, old, ref, adv, mask)[0].backward()
+    policy_loss(theta, old, ref, adv, mask, G.clip_eps, G.kl_coef, G.ratio_level, G.loss_agg)[0].backward()
     assert torch.count_nonzero(theta.grad * (1 - mask)) == 0
 
 
@@ -160,7 +165,8 @@ def test_k3_kl_nonnegative_and_zero_at_reference():
     assert (k3_kl(logp, ref) >= 0).all()
     assert torch.count_nonzero(k3_kl(logp, logp)) == 0
     theta = logp.clone().requires_grad_(True)
-    loss, m = policy_loss(theta, logp, logp, torch.zeros(6), torch.ones_like(logp), kl_coef=0.05)
+    loss, m = policy_loss(theta, logp, logp, torch.zeros(6), torch.ones_like(logp), G.clip_eps, 0.05,
+                          G.ratio_level, G.loss_agg)
     loss.backward()
     assert m["kl"].item() == 0.0 and torch.count_nonzero(theta.grad) == 0
 
@@ -169,18 +175,20 @@ def test_kl_pulls_towards_reference():
     """One gradient step on the KL term alone reduces the KL."""
     _, _, ref, _, mask = _batch(8)
     theta = (ref + 0.5).clone().requires_grad_(True)
-    loss, m0 = policy_loss(theta, theta.detach(), ref, torch.zeros(6), mask, kl_coef=1.0)
+    loss, m0 = policy_loss(theta, theta.detach(), ref, torch.zeros(6), mask, G.clip_eps, 1.0, G.ratio_level,
+                           G.loss_agg)
     loss.backward()
-    _, m1 = policy_loss(theta.detach() - 5.0 * theta.grad, theta.detach(), ref, torch.zeros(6), mask, kl_coef=1.0)
+    _, m1 = policy_loss(theta.detach() - 5.0 * theta.grad, theta.detach(), ref, torch.zeros(6), mask,
+                        G.clip_eps, 1.0, G.ratio_level, G.loss_agg)
     assert m1["kl"] < m0["kl"]
 
 
 def test_bad_options_are_named():
     logp, old, ref, adv, mask = _batch(9)
     with pytest.raises(ValueError, match="ratio_level"):
-        policy_loss(logp, old, ref, adv, mask, ratio_level="seq")
+        policy_loss(logp, old, ref, adv, mask, G.clip_eps, G.kl_coef, "seq", G.loss_agg)
     with pytest.raises(ValueError, match="loss_agg"):
-        policy_loss(logp, old, ref, adv, mask, loss_agg="sum")
+        policy_loss(logp, old, ref, adv, mask, G.clip_eps, G.kl_coef, G.ratio_level, "sum")
 
 
 # ----------------------------------------------------------------------------- decoupled objective
@@ -189,8 +197,9 @@ def test_bad_options_are_named():
 def test_decoupled_with_prox_equal_to_behaviour_is_the_plain_loss():
     logp, old, ref, adv, mask = _batch(10)
     theta1, theta2 = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
-    plain, m1 = policy_loss(theta1, old, ref, adv, mask)
-    dec, m2 = policy_loss(theta2, old, ref, adv, mask, behaviour_logp=old.clone(), weight_cap=2.0)
+    plain, m1 = policy_loss(theta1, old, ref, adv, mask, G.clip_eps, G.kl_coef, G.ratio_level, G.loss_agg)
+    dec, m2 = policy_loss(theta2, old, ref, adv, mask, G.clip_eps, G.kl_coef, G.ratio_level, G.loss_agg,
+                          behaviour_logp=old.clone(), weight_cap=2.0)
     plain.backward()
     dec.backward()
     assert dec.item() == plain.item() and torch.equal(theta1.grad, theta2.grad)
@@ -226,12 +235,13 @@ def test_decoupled_weight_scales_the_gradient_and_has_none_itself():
     behav = logp + torch.linspace(-1.0, 1.0, logp.numel()).reshape(logp.shape)
     theta = logp.clone().requires_grad_(True)
     prox, beh = logp.clone().requires_grad_(True), behav.clone().requires_grad_(True)
-    loss, _ = policy_loss(theta, prox, None, adv, mask, kl_coef=0.0, behaviour_logp=beh, weight_cap=2.0)
+    loss, _ = policy_loss(theta, prox, None, adv, mask, G.clip_eps, 0.0, G.ratio_level, G.loss_agg,
+                          behaviour_logp=beh, weight_cap=2.0)
     loss.backward()
     w = torch.exp(logp - behav).clamp(max=2.0)
     assert torch.allclose(theta.grad, -(w * adv[:, None] * mask) / mask.sum(), atol=1e-7)
     assert beh.grad is None or torch.count_nonzero(beh.grad) == 0
     # prox gets gradient only through the ratio (as π_old always does): that part is the plain loss's
     plain_prox = logp.clone().requires_grad_(True)
-    policy_loss(theta.detach(), plain_prox, None, adv, mask, kl_coef=0.0)[0].backward()
+    policy_loss(theta.detach(), plain_prox, None, adv, mask, G.clip_eps, 0.0, G.ratio_level, G.loss_agg)[0].backward()
     assert torch.allclose(prox.grad, w * plain_prox.grad, atol=1e-7)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from escrag import prompts
+from escrag.config import RetrieverConfig
 from escrag.models import ModelSpecError, load_causal_lm, resolve_model
 
 HISTORY = [{"role": "user", "content": "I lost my job."}, {"role": "assistant", "content": "I'm sorry."},
@@ -44,7 +45,8 @@ def test_rm_text_ends_with_candidate_reply(tokenizer):
 
 def test_chunk_text_is_short():
     long = [{"role": "user", "content": "x" * 2000}]
-    hist = prompts.chunk_history(HISTORY[:2] + long)
+    rc = RetrieverConfig()
+    hist = prompts.chunk_history(HISTORY[:2] + long, rc.chunk_turns, rc.chunk_chars)
     assert len(hist) <= 404 and hist.startswith("...")
     assert prompts.chunk_text("Client: hi", "hello") == "Client: hi\nCounselor: hello"
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from escrag.config import RewardConfig
 from escrag.errors import UserError
 from reward_server.features import FeatureCache, cached_features
 from reward_server.model import Backbone, RewardModel, check_backbone, load_head, read_manifest, save_head
@@ -71,7 +72,8 @@ def test_feature_cache_computes_once_and_is_keyed_by_backbone(backbone, tmp_path
     before = backbone.forward_passes
     first, stats = cached_features(backbone, seqs + seqs[:1], cache, batch_size=3)
     assert stats == {"cached": 1, "computed": 4} and backbone.forward_passes - before == 4
-    again, stats = cached_features(backbone, seqs, FeatureCache(tmp_path, backbone.fingerprint, backbone.hidden_size))
+    again, stats = cached_features(backbone, seqs, FeatureCache(tmp_path, backbone.fingerprint, backbone.hidden_size),
+                                   RewardConfig().feature_batch_size)
     assert stats == {"cached": 4, "computed": 0} and backbone.forward_passes - before == 4
     np.testing.assert_array_equal(first[:4], again)
     np.testing.assert_allclose(first[0], backbone.features([seqs[0]])[0].numpy(), atol=1e-5)

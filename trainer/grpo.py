@@ -1,15 +1,17 @@
 """GRPO math as pure tensor functions (paper eq. 9-11): advantages, clipped ratio loss, k3 KL.
 
-Owns: ``group_advantages`` and ``policy_loss``. Tensors in, tensors out: no I/O, no config, no model.
+Owns: ``group_advantages`` and ``policy_loss``. Tensors in, tensors out: no I/O, no config, no model;
+the caller passes every knob (``grpo.adv_eps``, ``clip_eps``, ``kl_coef``, ``ratio_level``, ``loss_agg``),
+so no value of the config is repeated here as a default.
 
 Departures from the paper, each selectable:
-1. Ratio. Eq. 10 is one ratio per sequence, π_θ(c|·) / π_old(c|·). Like standard GRPO code we
-   default to per-token ratios (``ratio_level="token"``); ``"sequence"`` uses exp(Σ_t Δlogp_t) over
-   the sequence's trained tokens, i.e. eq. 10 literally, and gives every token of a sequence the same
-   clipped surrogate.
+1. Ratio. Eq. 10 is one ratio per sequence, π_θ(c|·) / π_old(c|·). Like standard GRPO code the
+   config defaults to per-token ratios (``grpo.ratio_level: token``); ``"sequence"`` uses
+   exp(Σ_t Δlogp_t) over the sequence's trained tokens, i.e. eq. 10 literally, and gives every token
+   of a sequence the same clipped surrogate.
 2. KL. Eq. 11 has no KL term; Table 4 lists a KL coefficient (0.05). We add the k3 estimator
    exp(ref - logp) - (ref - logp) - 1 per token (non-negative, unbiased for KL(π_θ || π_ref)).
-3. Aggregation. ``"token_mean"`` (default) averages over all trained tokens of the batch;
+3. Aggregation. ``"token_mean"`` (the config's default) averages over all trained tokens of the batch;
    ``"seq_mean"`` averages per sequence, then over sequences (eq. 11's 1/N Σ_j). ``denom`` lets a
    caller that splits one batch into micro-batches pass the whole batch's token (or sequence) count,
    so the micro-batch losses sum exactly to the whole-batch loss.
@@ -27,7 +29,7 @@ import torch
 from torch import Tensor
 
 
-def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+def group_advantages(rewards: Tensor, eps: float) -> Tensor:
     """Eq. 9: A = (r - mean_group r) / sqrt(var_group r + eps), population variance.
 
     rewards: [G, N] (G groups of N samples) -> advantages [G, N]. A constant group gives zeros.
@@ -66,7 +68,7 @@ def _ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, ratio_level: str) -> Te
     raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
 
 
-def behaviour_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, ratio_level: str = "token",
+def behaviour_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, ratio_level: str,
                      cap: float | None = None) -> tuple[Tensor, Tensor]:
     """Decoupled-objective weight π_prox / π_behaviour (point 4), [B, T] -> (raw, truncated at ``cap``),
     both without gradient; at sequence level every token carries its sequence's weight."""
@@ -75,8 +77,7 @@ def behaviour_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, rat
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
-                clip_eps: float = 0.2, kl_coef: float = 0.05, ratio_level: str = "token",
-                loss_agg: str = "token_mean", denom: float | None = None,
+                clip_eps: float, kl_coef: float, ratio_level: str, loss_agg: str, denom: float | None = None,
                 behaviour_logp: Tensor | None = None, weight_cap: float | None = None) -> tuple[Tensor, dict]:
     """Clipped GRPO loss (eq. 11, negated for minimisation) plus ``kl_coef`` x k3 KL.
 

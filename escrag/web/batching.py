@@ -5,6 +5,7 @@ batch function (embedding for the retriever, scoring for the reward server). A b
 holds ``max_batch`` items or ``max_wait_ms`` has passed since its first item; the batch function runs
 in a worker thread so the event loop keeps accepting requests meanwhile. The queue is bounded:
 ``submit`` raises ``QueueFull`` beyond ``max_queue`` waiting items (servers answer 503 + Retry-After).
+The three limits are the caller's (its config section: ``retriever.*`` or ``reward.*``); none has a default.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ class QueueFull(Overloaded):
 
 
 class MicroBatcher:
-    def __init__(self, fn: Callable[[list[Any]], Sequence[Any]], max_batch: int = 32,
-                 max_wait_ms: float = 5.0, max_queue: int = 1024, on_batch: Callable[[int], None] | None = None):
+    def __init__(self, fn: Callable[[list[Any]], Sequence[Any]], max_batch: int, max_wait_ms: float,
+                 max_queue: int, on_batch: Callable[[int], None] | None = None):
         self.fn, self.max_batch, self.max_wait = fn, max_batch, max_wait_ms / 1000.0
         self.max_queue, self.on_batch = max_queue, on_batch
         self._queue: asyncio.Queue | None = None

@@ -32,8 +32,8 @@ from escrag.web.retry import (
 __all__ = ["AsyncJsonClient", "ServiceError"]
 
 class AsyncJsonClient:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
-                 wait_s: float = 60.0, backoff: float = 0.5):
+    def __init__(self, base_url: str, api_key: str | None, timeout: float, wait_s: float, backoff: float):
+        """``timeout``, ``wait_s``, ``backoff``: the service's client section (``retriever.timeout_s`` ...)."""
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.policy = RetryPolicy(backoff, MAX_BACKOFF_FACTOR * backoff, deadline_s=wait_s)

@@ -107,7 +107,8 @@ class EngineScheduler:
     the event loop keeps serving retrieval and reward calls meanwhile), and requests that queue up
     with equal ``SamplingParams`` are merged into one batch of at most ``max_batch`` rows."""
 
-    def __init__(self, engine: GenerationEngine, max_batch: int = 64):
+    def __init__(self, engine: GenerationEngine, max_batch: int):
+        """``max_batch``: ``rollout.max_batch``."""
         self.engine, self.max_batch = engine, max_batch
         self._pending: list[tuple[list, SamplingParams, list[int], asyncio.Future]] = []
         self._busy = False

@@ -37,8 +37,9 @@ class WeightSyncExtension:
 
 
 class VLLMEngine(GenerationEngine):
-    def __init__(self, model_spec: str, dtype: str = "bfloat16", seed: int = 0,
-                 gpu_memory_utilization: float = 0.6, max_model_len: int | None = None):
+    def __init__(self, model_spec: str, dtype: str = "bfloat16", seed: int = 0, *,
+                 gpu_memory_utilization: float, max_model_len: int | None = None):
+        """``gpu_memory_utilization``: ``rollout.vllm_gpu_memory``."""
         try:
             import vllm
         except ImportError:
