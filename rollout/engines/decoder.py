@@ -85,7 +85,7 @@ class SlotDecoder:
         self.values: list[torch.Tensor] = []
         self.slots = 0
         self.compiled = ro.compile
-        self.packed = self.device.type == "cpu" and self.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+        self.packed = self.device.type == "cpu" and self.dtype == torch.bfloat16 and bf16_packing()
         self.fused: list[tuple] = []  # per layer (qkv, gate_up): FusedLinear keys and biases (packed path)
         self._fused: dict[int, FusedLinear] = {}  # member weight or bias data_ptr -> its fused linear
         if self.packed:
@@ -289,6 +289,12 @@ def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int, 
 # are when the graph runs (``SlotDecoder.repack`` after an in-place weight load).
 
 _PACKED: dict[int, torch.Tensor] = {}  # weight data_ptr -> its oneDNN-packed copy
+
+
+def bf16_packing() -> bool:
+    """oneDNN's packed bfloat16 linears need AVX512 (bw/vl/dq) or AVX-NE-CONVERT; on a CPU without them
+    (AVX2 only) ``_reorder_linear_weight`` raises, so the engine keeps plain ``F.linear`` there."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def pack_weight(weight: torch.Tensor) -> None:
