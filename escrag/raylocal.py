@@ -16,6 +16,13 @@ HEAD_HINT = ("start a head first (`ray start --head --node-ip-address 127.0.0.1 
              "docs/cluster.md), or leave ray.address unset to start a local Ray")
 
 
+def _bootstrap_file() -> Path:
+    """Where ``ray start --head`` records the cluster's address: ``<$RAY_TMPDIR, else $TMPDIR, else
+    /tmp>/ray/ray_current_cluster``, as Ray looks it up."""
+    base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return Path(base) / "ray" / "ray_current_cluster"
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, tmpdir: str | None = None,
              runtime_env: dict | None = None):
     import ray
@@ -24,6 +31,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, tmpdir: st
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if ray.is_initialized():
         return ray
+    if address == "auto" and not os.environ.get("RAY_ADDRESS") and not _bootstrap_file().is_file():
+        # Ray's own "auto" would fall back to any Ray process on the machine (another user's test
+        # session included); ours means the cluster `ray start` made, as its bootstrap file records.
+        raise UserError(f"ray.address: 'auto': no running Ray cluster found; {HEAD_HINT}")
     if address:
         try:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
