@@ -6,20 +6,22 @@
         .venv/bin/python -m ray_jobs.train_grpo --config configs/cpu-test.yaml
 
 Owns: the training loop. It starts Ray (or joins it: ``ray.address``, or ``RAY_ADDRESS`` which
-``ray job submit`` sets), starts the retriever and reward servers unless ``retriever.url`` /
-``reward.url`` are given (pinned to the GPU the placement plan gives them: ``trainer.placement``, whose
-table the job logs and writes to ``placement.json``, stopping before anything starts when it does not
-fit), places the learner and the rollout engines on the cluster's GPUs (``trainer.learner.place``), starts the rollout workers (``rollout.pool.RolloutPool``) and the
-learner actor (``trainer.learner.LearnerActor``), then per step: sample ``grpo.batch_states`` train
-states -> scored groups from the workers -> one learner update -> push the new weights (with their
-version) to every worker. The rollouts of the next ``grpo.max_staleness`` steps are submitted before
-the update (``Lookahead``), so with k > 0 the workers generate while the learner trains; the learner
-drops a group more than k versions behind it. Every ``grpo.checkpoint_every`` steps an atomic
-checkpoint; every ``grpo.eval_every`` steps a validation on ``grpo.eval_states`` held-out states
-(``evaluate``: the same rollout, never trained, logged under ``eval/``); per-step metrics go to
-``<output_dir>/metrics.jsonl`` and TensorBoard; at the end the
-merged policy is saved to ``<output_dir>/policy`` and the reward/KL curves to
-``<output_dir>/reward_curve.png``.
+``ray job submit`` sets), makes the placement plan (``trainer.placement``: logged, written to
+``placement.json``, and the job stops before any server or actor starts when it does not fit), starts
+the retriever and reward servers on the GPUs the plan gives them unless ``retriever.url`` /
+``reward.url`` are given, places the learner and the rollout engines on the cluster's GPUs
+(``trainer.learner.place``), starts the rollout workers (``rollout.pool.RolloutPool``) and the learner
+actor (``trainer.learner.LearnerActor``), then per step: sample ``grpo.batch_states`` train states ->
+scored groups from the workers -> one learner update -> push the new weights (with their version) to
+every worker. The rollouts of the next ``grpo.max_staleness`` steps are submitted before the update
+(``Lookahead``), so with k > 0 the workers generate while the learner trains; the learner drops a
+group more than k versions behind it. Every ``grpo.checkpoint_every`` steps an atomic checkpoint;
+every ``grpo.eval_every`` steps a validation on ``grpo.eval_states`` held-out states (``evaluate``: the
+same rollout, never trained, logged under ``eval/``); per-step metrics go to
+``<output_dir>/metrics.jsonl`` and TensorBoard; at the end the merged policy is saved to
+``<output_dir>/policy`` and the reward/KL curves to ``<output_dir>/reward_curve.png``. ``--backend
+openrlhf`` hands the loop to OpenRLHF (``train_openrlhf``); ``--dry-run`` prints the plan (and, for
+OpenRLHF, writes the prompt files and prints the command) without starting anything.
 
 Departures from the paper (see trainer/grpo.py for the loss): one machine's Ray (or a small cluster);
 with ``grpo.max_staleness`` 0 (default) rollouts and updates alternate (fully on-policy, no overlap),

@@ -1,8 +1,10 @@
 """The OpenRLHF backend's launcher: our config -> ``openrlhf.cli.train_ppo_ray`` arguments, the prompt
 dataset it reads, the check of every emitted flag against the pinned parser, and the run.
 
-Owns: ``build_argv`` / ``command`` / ``one_line`` (pure: config -> argv), ``write_prompts`` (one JSONL
-row per train state: the rendered stage-1 prompt and the label the agent reads), ``parser_from_source``
+Owns: ``build_argv`` / ``command`` / ``one_line`` (config -> argv, vLLM's memory share from the
+placement plan, ``trainer.placement``, which must fit), ``dataset_states`` (the prompt file holds whole
+rollout batches: every step's, as the local sampler draws them), ``write_prompts`` (one JSONL row per
+state, train and held-out validation: the rendered stage-1 prompt and the label the agent reads), ``parser_from_source``
 and ``check_argv`` (the pinned ``train_ppo_ray.py`` read with ``ast``: its parser is built inline under
 ``__main__`` in a module that imports ray and vllm at the top, so it is never imported), and ``run``.
 

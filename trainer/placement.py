@@ -272,14 +272,21 @@ def _local(cfg: Config, plan: Plan) -> list[int]:
     return list(range(len(plan.gpus)))
 
 
-def _learner_claims(cfg: Config) -> list[Claim]:
-    """The local learner: policy state, frozen reference and one micro-batch's activations."""
-    s, ro, ovh = shape_of(cfg.policy.model), cfg.rollout, cfg.placement.process_overhead_gb
+def learner_gb(cfg: Config, s: Shape, seq: int, scored: int) -> tuple[float, str]:
+    """(GiB, how) of the local learner with micro-batches of ``seq``-token rows, ``scored`` of them
+    trained: policy state, frozen reference and one micro-batch's activations (no process overhead)."""
     state, how = _policy_state(cfg, s, None)
     ref = weights_gb(s, cfg.policy.dtype) if cfg.grpo.kl_coef > 0 and not cfg.policy.lora.enabled else 0.0
+    acts, what = _train_acts(cfg, s, seq, scored, residual=4)
+    return state + ref + acts, f"{how} {state:.1f} + reference {ref:.1f} + {what}"
+
+
+def _learner_claims(cfg: Config) -> list[Claim]:
+    """The local learner at the longest rows (``rollout.max_seq_len``)."""
+    ro, ovh = cfg.rollout, cfg.placement.process_overhead_gb
     scored = ro.max_seq_len if ro.train_stage1 else ro.max_new_tokens_stage2
-    acts, what = _train_acts(cfg, s, ro.max_seq_len, scored, residual=4)
-    return [Claim("learner", state + ref + acts + ovh, what=f"{how} {state:.1f} + reference {ref:.1f} + {what} + {ovh:g}")]
+    gb, how = learner_gb(cfg, shape_of(cfg.policy.model), ro.max_seq_len, scored)
+    return [Claim("learner", gb + ovh, what=f"{how} + {ovh:g}")]
 
 
 def _worker_claims(cfg: Config, w: int) -> list[Claim]:
