@@ -119,11 +119,18 @@ def test_estimates_move_the_right_way():
     assert pl.zero_state_gb(s, 0, 1, False) == pytest.approx(16 * s.params / pl.GIB)
     assert pl.weights_gb(s, "float32") == 2 * pl.weights_gb(s, "bfloat16")
     assert pl.kv_gb(s, 1000, 2) == pytest.approx(2 * 36 * 256 * 2 * 1000 / pl.GIB)
-    three, seven = (pl.make_plan(_cfg(p), (n, 80.0)) for p, n in (("paper-3b", 2), ("paper-7b", 4)))
-    actor = {p.backend + str(len(p.gpus)): next(c.gb for c in p.gpus[1].claims if c.who == "actor:1")
-             for p in (three, seven)}
-    bigger = pl.make_plan(_cfg("paper-3b", "grpo.micro_batch_size=4"), (2, 80.0))
-    assert next(c.gb for c in bigger.gpus[1].claims if c.who == "actor:1") > actor["openrlhf2"]
+
+
+def _actor_gb(*overrides) -> float:
+    plan = pl.make_plan(_cfg("paper-3b", *overrides), (2, 80.0))
+    return next(c.gb for c in plan.gpus[1].claims if c.who == "actor:1")
+
+
+def test_the_actor_claim_follows_its_settings():
+    base = _actor_gb()
+    assert _actor_gb("grpo.micro_batch_size=4") > base and _actor_gb("openrlhf.max_len=2048") < base
+    assert _actor_gb("policy.gradient_checkpointing=false") > base + 10
+    assert _actor_gb("openrlhf.zero_stage=2") > base and _actor_gb("openrlhf.adam_offload=true") < base
 
 
 def test_services_are_pinned_inside_an_outer_cuda_visible_devices(monkeypatch):

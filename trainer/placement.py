@@ -13,9 +13,10 @@ Consumers. OpenRLHF (``grpo.backend: openrlhf``), per actor GPU i: ``vllm:i`` (r
 ``placement.process_overhead_gb``; not colocated, actor, reference and engines get GPUs of their own).
 Local backend: ``learner`` (policy + reference in one process) and ``worker:w`` where the Ray shares of
 ``trainer.learner.place`` put them (first fit, as Ray packs fractions), all resident at once. Both:
-``reward`` (the reward server's backbone), ``embedder`` (the retriever's), and, local only,
-``safety:w`` (a worker's crisis-check backbone when ``safety.conv_device`` is not cpu), each placed on
-the GPU with the most room. A GPU fits when its resident claims plus its larger phase fit its memory.
+``reward`` (the reward server's backbone) and ``embedder`` (the retriever's), each placed on the GPU
+with the most room; local only, ``safety:w`` (a worker's crisis-check backbone when
+``safety.conv_device`` is not cpu) on its worker's GPU. A GPU fits when its resident claims plus its
+larger phase fit its memory. (The paper gives only the GPU counts: 2 and 4 A800s.)
 
 Estimates (P parameters, L layers, h hidden, I MLP width, k = kv_heads x head_dim, V vocabulary,
 T tokens of a micro-batch, b bytes of the compute dtype; ``tests/gpu/device_check.py`` measures them):
@@ -169,8 +170,8 @@ def make_plan(cfg: Config, gpus: tuple[int, float]) -> Plan:
     count, gb = gpus
     plan = Plan(cfg.grpo.backend, [Gpu(i, gb) for i in range(count)])
     home = _openrlhf(cfg, plan) if cfg.grpo.backend == "openrlhf" else _local(cfg, plan)
-    for claim, device in _services(cfg):
-        _put_service(plan, claim, device, home)
+    for who, device, claim in _services(cfg):
+        _put_service(plan, who, device, claim, home)
     _fit_vllm(cfg, plan)
     for g in plan.gpus:
         for phase in PHASES:
@@ -257,8 +258,9 @@ def _local(cfg: Config, plan: Plan) -> list[int]:
     placed = place(cfg, float(len(plan.gpus)))
     g, ro = placed.grpo, placed.rollout
     free = [1.0] * len(plan.gpus)
-    for who, share, claims in [("learner", g.learner_gpus, _learner_claims(placed)),
-                               *[(f"worker:{w}", ro.worker_gpus, _worker_claims(placed, w)) for w in range(ro.num_workers)]]:
+    consumers = [("learner", g.learner_gpus, lambda: _learner_claims(placed))]
+    consumers += [(f"worker:{w}", ro.worker_gpus, lambda w=w: _worker_claims(placed, w)) for w in range(ro.num_workers)]
+    for who, share, claims in consumers:  # sized only when on a GPU: a CPU run needs no model shapes
         slot = next((i for i, f in enumerate(free) if f >= min(share, 1.0) - 1e-9), None) if share else None
         if slot is None:
             plan.cpu.append(who)
@@ -266,7 +268,7 @@ def _local(cfg: Config, plan: Plan) -> list[int]:
                 plan.problems.append(f"{who}: its Ray share {share:g} GPU finds no GPU with that much left")
             continue
         free[slot] -= min(share, 1.0)
-        for c in claims:
+        for c in claims():
             c.gb = c.gb or min(share, 1.0) * plan.gpus[slot].memory_gb  # a vLLM engine: at most its share
             plan.gpus[slot].claims.append(dataclasses.replace(c, what=f"{c.what} (Ray share {share:g})"))
     return list(range(len(plan.gpus)))
@@ -298,8 +300,7 @@ def _worker_claims(cfg: Config, w: int) -> list[Claim]:
     else:
         from rollout.engines.hf_engine import PREFILL_TOKENS
 
-        s, dtype = shape_of(cfg.policy.model), cfg.policy.dtype if ro.dtype == "auto" else ro.dtype
-        dtype = "bfloat16" if ro.dtype == "auto" else dtype  # auto on a GPU: bfloat16
+        s, dtype = shape_of(cfg.policy.model), "bfloat16" if ro.dtype == "auto" else ro.dtype  # auto on a GPU
         w_gb, kv = weights_gb(s, dtype), kv_gb(s, ro.max_batch * ro.max_seq_len + ro.prefix_cache_tokens, BYTES[dtype])
         fwd = forward_gb(s, PREFILL_TOKENS, BYTES[dtype])
         claims = [Claim(f"worker:{w}", w_gb + kv + fwd + ovh,
@@ -311,30 +312,37 @@ def _worker_claims(cfg: Config, w: int) -> list[Claim]:
     return claims
 
 
-def _services(cfg: Config) -> list[tuple[Claim, str]]:
-    """(claim, device setting) of the reward and retriever servers the job starts itself."""
+def _services(cfg: Config) -> list[tuple[str, str, object]]:
+    """(name, device setting, claim maker) of the reward and retriever servers the job starts itself."""
     r, e, ovh, out = cfg.reward, cfg.retriever, cfg.placement.process_overhead_gb, []
-    if not r.url and not r.rule:
+
+    def reward() -> Claim:
         s, tokens = shape_of(r.backbone), r.max_batch * r.max_length
         w, f = weights_gb(s, r.dtype), forward_gb(s, tokens, BYTES[r.dtype])
-        out.append((Claim("reward", w + f + ovh, what=f"{r.backbone} {r.dtype} {w:.1f} + forward of "
-                          f"{r.max_batch}x{r.max_length} tokens {f:.1f} + {ovh:g}"), r.device))
-    if cfg.rollout.rag and not e.url:
+        return Claim("reward", w + f + ovh, what=f"{r.backbone} {r.dtype} {w:.1f} + forward of "
+                     f"{r.max_batch}x{r.max_length} tokens {f:.1f} + {ovh:g}")
+
+    def embedder() -> Claim:
         s, tokens = shape_of(e.embedder), e.embed_batch_size * cfg.rollout.max_new_tokens_stage1
         w, f = weights_gb(s, "float32"), forward_gb(s, tokens, 4)
-        out.append((Claim("embedder", w + f + ovh, what=f"{e.embedder} float32 {w:.1f} + forward of "
-                          f"{e.embed_batch_size} queries {f:.1f} + {ovh:g}"), e.device))
+        return Claim("embedder", w + f + ovh, what=f"{e.embedder} float32 {w:.1f} + forward of "
+                     f"{e.embed_batch_size} queries {f:.1f} + {ovh:g}")
+
+    if not r.url and not r.rule:
+        out.append(("reward", r.device, reward))
+    if cfg.rollout.rag and not e.url:
+        out.append(("embedder", e.device, embedder))
     return out
 
 
-def _put_service(plan: Plan, claim: Claim, device: str, home: list[int]) -> None:
-    """A service on its ``cuda:N``, else on the GPU of ``home`` with the most room; on the CPU when
-    its device is cpu or there is no GPU."""
+def _put_service(plan: Plan, who: str, device: str, claim, home: list[int]) -> None:
+    """A service on its ``cuda:N``, else on the GPU of ``home`` with the most room; on the CPU (and not
+    sized) when its device is cpu or there is no GPU."""
     if device == "cpu" or not plan.gpus or not home:
-        plan.cpu.append(claim.who)
+        plan.cpu.append(who)
         return
     index = int(device.split(":")[1]) if ":" in device else min(home, key=lambda i: (plan.gpus[i].peak_gb, i))
-    plan.gpus[index].claims.append(claim)
+    plan.gpus[index].claims.append(claim())
 
 
 def _fit_vllm(cfg: Config, plan: Plan) -> None:
