@@ -360,9 +360,9 @@ class OpenRLHFConfig:
 class PlacementConfig:
     """Where the GPU consumers sit and what they need (``trainer/placement.py``, docs/cluster.md)."""
 
-    gpus: Str | None = _f(None, '"<count>x<GiB>", e.g. "2x80": the GPUs the plan is made for (the OpenRLHF backend: '
-                          "one node's; --dry-run plans on it anywhere); None: the local job counts Ray's GPUs "
-                          "and reads their memory with torch", pattern=r"^[0-9]+x[0-9]+(\.[0-9]+)?$")
+    gpus: Str | None = _f(None, '"<count>x<GiB>", e.g. "2x80": the GPUs the plan is made for (OpenRLHF: every node\'s, '
+                          "the head's first; --dry-run plans for them anywhere); the local job counts Ray's GPUs "
+                          "and takes their memory from here, else from torch", pattern=r"^[0-9]+x[0-9]+(\.[0-9]+)?$")
     process_overhead_gb: Float = _f(1.0, "GiB a process holds on a GPU besides its tensors (CUDA context, "
                                     "allocator slack; a sleeping vLLM engine's context and graphs)", ge=0.0)
 

@@ -145,7 +145,7 @@ class Plan:
         for g in self.gpus:
             rows.append(f"  GPU {g.index} ({g.memory_gb:g} GiB): peak {g.peak_gb:.1f} GiB "
                         + ", ".join(f"{p} {g.need(p):.1f}" for p in PHASES))
-            rows += [f"    {c.who:<12} {c.gb:7.1f} GiB  {c.phase:<7} {c.what}" for c in g.claims]
+            rows += [f"    {c.who:<15} {c.gb:6.1f} GiB  {c.phase:<7} {c.what}" for c in g.claims]
         rows += [f"  on the CPU: {', '.join(self.cpu)}"] if self.cpu else []
         rows += [f"  note: {n}" for n in self.notes] + [f"  DOES NOT FIT: {p}" for p in self.problems]
         return "\n".join(rows)
