@@ -134,7 +134,10 @@ def _train(sub) -> None:
                    help="local: this machine's learner; openrlhf: OpenRLHF on a GPU cluster (docs/cluster.md); "
                         "default: grpo.backend")
     p.add_argument("--policy", default=None, help="openrlhf: start from this model (default <output_dir>/sft)")
-    p.add_argument("--dry-run", action="store_true", help="openrlhf: print the command on one line and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the placement plan and write placement.json "
+                   "(openrlhf: also the prompt files and, last, the command), then exit")
+    p.add_argument("--gpus", default=None, metavar="NxGiB", help="the GPUs to plan for, e.g. 2x80")
+    p.add_argument("--tokenizer", default=None, metavar="SPEC", help="--dry-run: render the prompt file with it")
     _config_args(p, default="configs/cpu-demo.yaml")
     p.set_defaults(func=_lazy("ray_jobs.train_grpo:run_cli"))
 

@@ -111,6 +111,8 @@ class PolicyConfig:
     dtype: Dtype = _f("float32", "compute dtype of the learner and SFT (autocast; weights stay float32) and "
                       "the engines' weights")
     device: Str = _f("auto", "learner, its reference and SFT: auto = cuda when a GPU is visible, else cpu")
+    gradient_checkpointing: Bool = _f(False, "recompute each decoder layer's activations in the backward pass "
+                                      "(learner, SFT and the OpenRLHF actor): less memory, ~1/3 more compute")
     lora: LoraConfig = _sub(LoraConfig, "LoRA adapters of the learner and SFT")
 
 
@@ -330,6 +332,10 @@ class GrpoConfig:
     log_every: Int = _f(1, "steps between progress lines", ge=1)
     tensorboard: Bool = _f(True, "also write the per-step metrics as TensorBoard scalars")
     log_samples: Bool = _f(True, "<output_dir>/samples.jsonl: every sampled output with its reward and exemplars")
+    eval_every: Int = _f(0, "steps between held-out validations (data.eval states through the two-stage rollout, "
+                         "logged under eval/); 0: none", ge=0)
+    eval_states: Int = _f(32, "held-out states of each validation: a seeded sample of data.eval, the same at "
+                          "every validation of a run", ge=1)
 
 
 @_section
@@ -344,11 +350,21 @@ class OpenRLHFConfig:
     colocate: Bool = _f(True, "vLLM, actor and reference share the GPUs, sleeping in turn (hybrid engine)")
     max_len: Int = _f(4096, "tokens of one episode: stage-1 prompt + ĉ + feedback + c", ge=64)
     zero_stage: Int = _f(3, "DeepSpeed ZeRO stage", ge=0, le=3)
-    gradient_checkpointing: Bool = _f(True, "recompute activations in the backward pass (less memory)")
     adam_offload: Bool = _f(False, "keep the Adam states in CPU memory")
     attn_implementation: Str = _f("flash_attention_2", '"sdpa" where flash-attn is not installed')
     rollout_micro_batch_size: Int = _f(8, "sequences per forward when making experience", ge=1)
     prefix_caching: Bool = _f(True, "stage 2 re-reads the stage-1 prompt and ĉ: vLLM reuses their KV")
+
+
+@_section
+class PlacementConfig:
+    """Where the GPU consumers sit and what they need (``trainer/placement.py``, docs/cluster.md)."""
+
+    gpus: Str | None = _f(None, '"<count>x<GiB>", e.g. "2x80": the GPUs the plan is made for (OpenRLHF: every node\'s, '
+                          "the head's first; --dry-run plans for them anywhere); the local job counts Ray's GPUs "
+                          "and takes their memory from here, else from torch", pattern=r"^[0-9]+x[0-9]+(\.[0-9]+)?$")
+    process_overhead_gb: Float = _f(1.0, "GiB a process holds on a GPU besides its tensors (CUDA context, "
+                                    "allocator slack; a sleeping vLLM engine's context and graphs)", ge=0.0)
 
 
 @_section
@@ -460,11 +476,42 @@ class Config:
     sft: SftConfig = _sub(SftConfig, "cold-start SFT (eq. 6)")
     grpo: GrpoConfig = _sub(GrpoConfig, "retrieval-augmented GRPO (eq. 9-11, Algorithm 1)")
     openrlhf: OpenRLHFConfig = _sub(OpenRLHFConfig, "the OpenRLHF backend (docs/cluster.md)")
+    placement: PlacementConfig = _sub(PlacementConfig, "the GPUs a training job is planned for (docs/cluster.md)")
     endpoints: dict[Key, EndpointConfig] = _f({}, "named OpenAI-compatible endpoints")
     judge: JudgeConfig = _sub(JudgeConfig, "the seven-metric LLM judge")
     eval: EvalConfig = _sub(EvalConfig, "the systems under evaluation, their tables, the proxy report and "
                             "the human study")
     prefs: PrefsConfig = _sub(PrefsConfig, "ESC-Preference construction (escrag prefs build)")
+
+    def __post_init__(self):
+        if self.grpo.backend == "openrlhf":
+            check_rank_split(self)
+
+
+def check_rank_split(cfg: Config) -> None:
+    """Refuse batch sizes with which OpenRLHF 0.11.2 gives its actor ranks unequal work at a step.
+
+    It cuts a rollout batch's S = ``grpo.batch_states`` x ``rollout.group_size`` sequences into
+    micro-experiences of ``openrlhf.rollout_micro_batch_size`` (the last one short), hands each of the
+    R actor ranks ceil(count / R) of them in order (``RayActorGroup.async_run_method_batch``), and every
+    rank trains its share in micro-batches of ``grpo.micro_batch_size``, a short last one dropped, with
+    DeepSpeed stepping after S / micro-batch / R of them. Every rank makes the same forwards and
+    micro-steps, each ending on the accumulation boundary, exactly when S is a multiple of
+    R x lcm(the two micro-batch sizes); otherwise one rank's collective waits for a partner that never
+    comes (tests/test_rank_split.py replays OpenRLHF's own code on both sides of this rule)."""
+    import math
+
+    o, g, n = cfg.openrlhf, cfg.grpo, cfg.rollout.group_size
+    ranks, seqs = o.nodes * o.gpus_per_node, g.batch_states * n
+    unit = ranks * math.lcm(o.rollout_micro_batch_size, g.micro_batch_size)
+    if seqs % unit:
+        step = unit // math.gcd(unit, n)
+        raise ConfigError(
+            f"grpo.batch_states: {g.batch_states} states x {n} samples = {seqs} sequences per step do not split "
+            f"evenly over the {ranks} OpenRLHF actor ranks (openrlhf.nodes x gpus_per_node) in micro-batches of "
+            f"{o.rollout_micro_batch_size} (openrlhf.rollout_micro_batch_size) and {g.micro_batch_size} "
+            f"(grpo.micro_batch_size), so a rank would wait in a collective for one with fewer micro-steps; use a "
+            f"multiple of {unit} sequences (batch_states a multiple of {step}, e.g. {-(-g.batch_states // step) * step})")
 
 
 # --------------------------------------------------------------------------- loading
@@ -506,6 +553,8 @@ def _message(err: dict) -> str:
     """One pydantic error as ``key.path: what is wrong, got what``."""
     loc, kind, value, ctx = err["loc"], err["type"], err.get("input"), err.get("ctx") or {}
     path = _key_path(loc)
+    if isinstance(ctx.get("error"), ConfigError):  # a rule across sections (Config.__post_init__) names its keys
+        return str(ctx["error"])
     if kind in _UNKNOWN:
         known = ", ".join(sorted(f.name for f in dataclasses.fields(_type_at(loc[:-1]))))
         return f"{path}: unknown key (known: {known})"

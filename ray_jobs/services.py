@@ -5,7 +5,8 @@ servers a job needs as child processes unless ``retriever.url`` / ``reward.url``
 the job's resolved config file so their numbers match the job's, watches the ones it started and
 restarts a dead one on the same port (so the workers' URLs stay valid and their clients' retries go
 through once it is back: nothing is lost), counts the restarts for the job's metrics, and stops only
-what it started, also on error.
+what it started, also on error. A server the placement plan puts on a GPU (``trainer.placement``) is
+started with ``CUDA_VISIBLE_DEVICES`` naming that GPU (``gpu_env``), so it lands where the plan counted it.
 
 A server the job did not start is not restarted: when it stays down, the clients give up after
 ``retriever.wait_s`` / ``reward.wait_s`` and the job stops with a clear message and a checkpoint
@@ -14,6 +15,7 @@ A server the job did not start is not restarted: when it stays down, the clients
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -42,11 +44,24 @@ def reward_args(cfg, config_file: Path) -> list[str]:
     return ["reward", "--rm", str(head), "--config", str(config_file)]
 
 
-class JobServices:
-    """``urls`` maps "retriever" (None when not needed) and "reward" to base URLs."""
+def gpu_env(index: int | None) -> dict[str, str]:
+    """The environment that pins a server to the plan's GPU ``index`` (a position among the GPUs this
+    process sees: inside an outer ``CUDA_VISIBLE_DEVICES``, its ``index``-th entry); {} for the CPU plan."""
+    if index is None:
+        return {}
+    outer = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return {"CUDA_VISIBLE_DEVICES": outer[index] if outer else str(index)}
 
-    def __init__(self, cfg, config_file: Path, log_dir: Path, need_retriever: bool, log=print):
+
+class JobServices:
+    """``urls`` maps "retriever" (None when not needed) and "reward" to base URLs. ``devices`` maps a
+    server ("retriever", "reward") to the GPU index the placement plan gives it (absent or None: as
+    its config's device says)."""
+
+    def __init__(self, cfg, config_file: Path, log_dir: Path, need_retriever: bool, log=print,
+                 devices: dict[str, int | None] | None = None):
         self.cfg, self.config_file, self.log_dir, self.log = cfg, config_file, Path(log_dir), log
+        self.devices = devices or {}
         self.need = {"retriever": need_retriever, "reward": True}
         self.started: dict[str, ServerProcess] = {}
         self.urls: dict[str, str | None] = {}
@@ -77,9 +92,11 @@ class JobServices:
 
     def _start(self, name: str, args: list[str]) -> ServerProcess:
         self.log(f"[job] starting {name} server: escrag serve {' '.join(args)}")
-        server = ServerProcess(name, args, self.log_dir, self.cfg.run.server_timeout_s)
+        env = gpu_env(self.devices.get(name))
+        server = ServerProcess(name, args, self.log_dir, self.cfg.run.server_timeout_s, env=env)
         self.started[name] = server
-        self.log(f"[job] {name} server up at {server.url} (pid {server.proc.pid})")
+        where = f", CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if env else ""
+        self.log(f"[job] {name} server up at {server.url} (pid {server.proc.pid}{where})")
         return server
 
     def _watch(self) -> None:

@@ -6,17 +6,22 @@
         .venv/bin/python -m ray_jobs.train_grpo --config configs/cpu-test.yaml
 
 Owns: the training loop. It starts Ray (or joins it: ``ray.address``, or ``RAY_ADDRESS`` which
-``ray job submit`` sets), starts the retriever and reward servers unless ``retriever.url`` /
+``ray job submit`` sets), makes the placement plan (``trainer.placement``: logged, written to
+``placement.json``, and the job stops before any server or actor starts when it does not fit), starts
+the retriever and reward servers on the GPUs the plan gives them unless ``retriever.url`` /
 ``reward.url`` are given, places the learner and the rollout engines on the cluster's GPUs
-(``trainer.learner.place``), starts the rollout workers (``rollout.pool.RolloutPool``) and the
-learner actor (``trainer.learner.LearnerActor``), then per step: sample ``grpo.batch_states`` train
-states -> scored groups from the workers -> one learner update -> push the new weights (with their
-version) to every worker. The rollouts of the next ``grpo.max_staleness`` steps are submitted before
-the update (``Lookahead``), so with k > 0 the workers generate while the learner trains; the learner
-drops a group more than k versions behind it. Every ``grpo.checkpoint_every`` steps an atomic
-checkpoint; per-step metrics go to ``<output_dir>/metrics.jsonl`` and TensorBoard; at the end the
-merged policy is saved to ``<output_dir>/policy`` and the reward/KL curves to
-``<output_dir>/reward_curve.png``.
+(``trainer.learner.place``), starts the rollout workers (``rollout.pool.RolloutPool``) and the learner
+actor (``trainer.learner.LearnerActor``), then per step: sample ``grpo.batch_states`` train states ->
+scored groups from the workers -> one learner update -> push the new weights (with their version) to
+every worker. The rollouts of the next ``grpo.max_staleness`` steps are submitted before the update
+(``Lookahead``), so with k > 0 the workers generate while the learner trains; the learner drops a
+group more than k versions behind it. Every ``grpo.checkpoint_every`` steps an atomic checkpoint;
+every ``grpo.eval_every`` steps a validation on ``grpo.eval_states`` held-out states (``evaluate``: the
+same rollout, never trained, logged under ``eval/``); per-step metrics go to
+``<output_dir>/metrics.jsonl`` and TensorBoard; at the end the merged policy is saved to
+``<output_dir>/policy`` and the reward/KL curves to ``<output_dir>/reward_curve.png``. ``--backend
+openrlhf`` hands the loop to OpenRLHF (``train_openrlhf``); ``--dry-run`` prints the plan (and, for
+OpenRLHF, writes the prompt files and prints the command) without starting anything.
 
 Departures from the paper (see trainer/grpo.py for the loss): one machine's Ray (or a small cluster);
 with ``grpo.max_staleness`` 0 (default) rollouts and updates alternate (fully on-policy, no overlap),
@@ -28,7 +33,6 @@ paper's batch of 128 states and 2 epochs are config values (``grpo.batch_states`
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import sys
@@ -41,6 +45,7 @@ import yaml
 from escrag.atomic import write_text
 from escrag.config import Config, load_config, output_path, to_dict
 from escrag.errors import ServiceError, run_main
+from trainer.sampler import StateSampler, total_steps
 
 
 def train_states(cfg: Config) -> list:
@@ -54,9 +59,34 @@ def train_states(cfg: Config) -> list:
     return states
 
 
-def total_steps(cfg: Config, n_states: int) -> int:
-    g = cfg.grpo
-    return g.steps or math.ceil(g.epochs * n_states / g.batch_states)
+def eval_states(cfg: Config) -> list:
+    """The held-out states of every validation of the run: ``grpo.eval_states`` of the ``data.eval``
+    split, a sample seeded by the run seed only (the same at every validation); [] when
+    ``grpo.eval_every`` is 0. They are never trained on (tests/test_train_job.py checks the splits)."""
+    from escrag.data import load_states
+    from escrag.seeds import derive_seed
+
+    if not cfg.grpo.eval_every:
+        return []
+    states = load_states(cfg.data.eval)
+    return random.Random(derive_seed(cfg.run.seed, "eval-states")).sample(states, min(cfg.grpo.eval_states, len(states)))
+
+
+def evaluate(cfg: Config, pool, states: list, step: int, log=print) -> dict:
+    """The validation after ``step``: each held-out state through the training rollout (two-stage with
+    ``rollout.rag``, ``rollout.group_size`` samples at the rollout temperature, seeds fixed per state so
+    that two validations differ only by the weights), scored by the reward service, trained on never.
+    Returns the rollout metrics (mean reward, RM and format parts, risk shares) under ``eval/``."""
+    from escrag.seeds import derive_seed
+    from trainer.learner import reward_metrics
+
+    t0 = time.perf_counter()
+    groups = pool.generate(states, [derive_seed(cfg.run.seed, "eval", s.state_id) for s in states])
+    out = {**{f"eval/{k}": v for k, v in reward_metrics(groups).items()}, **stage1_format(groups, "eval/")}
+    log(f"[eval] step {step}: reward {out['eval/reward_mean']:.3f} (format {out['eval/format_mean']:.2f}) on "
+        f"{len(states)} held-out {cfg.data.eval} states")
+    return {**out, "eval/states": len(groups), "eval/version": min(g.policy_version for g in groups),
+            "eval/s": time.perf_counter() - t0}
 
 
 def write_resolved_config(cfg: Config) -> Path:
@@ -110,15 +140,18 @@ def step_row(step: int, groups, m: dict, times: dict, position: dict, version: i
     ``step_s`` the wall time since the previous step ended."""
     gen_tokens = sum(g.stats.get("stage1_tokens", 0) + g.stats.get("stage2_tokens", 0) for g in groups)
     gen_s = max((g.stats.get("batch_s", 0.0) for g in groups), default=0.0)
+    return {"step": step, **m, "gen_s": gen_s, **times, "gen_tokens": gen_tokens,
+            "gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
+            "samples_per_s": sum(len(g.samples) for g in groups) / max(times["step_s"], 1e-9), "version": version,
+            "epoch": position["epoch"], "data_index": position["index"], "time": time.time(),
+            **{f"restarts_{name}": n for name, n in restarts.items()}, **stage1_format(groups)}
+
+
+def stage1_format(groups, prefix: str = "") -> dict:
+    """With RAG, the share of stage-1 answers ĉ that parse (and so carry a response block for the
+    query): ``{"stage1_format_mean": share}``; {} for vanilla rollouts."""
     samples = [s for g in groups for s in g.samples if s.initial_output]
-    row = {"step": step, **m, "gen_s": gen_s, **times, "gen_tokens": gen_tokens,
-           "gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
-           "samples_per_s": sum(len(g.samples) for g in groups) / max(times["step_s"], 1e-9), "version": version,
-           "epoch": position["epoch"], "data_index": position["index"], "time": time.time(),
-           **{f"restarts_{name}": n for name, n in restarts.items()}}
-    if samples:  # RAG: the share of ĉ that parses (and so carries a response block for the query)
-        row["stage1_format_mean"] = sum(s.stage1_format_ok for s in samples) / len(samples)
-    return row
+    return {f"{prefix}stage1_format_mean": sum(s.stage1_format_ok for s in samples) / len(samples)} if samples else {}
 
 
 def sample_rows(step: int, groups) -> list[dict]:
@@ -187,22 +220,24 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
     from tqdm import tqdm
 
     from trainer.metrics import MetricsLog, StepLog
-    from trainer.sampler import StateSampler
 
     g = cfg.grpo
     sampler = StateSampler(len(states), g.batch_states, cfg.run.seed)
     start = done = _resume(cfg, learner, sampler, pool, log) if resume else 0
-    steps = total_steps(cfg, len(states))
+    steps = total_steps(cfg.grpo, len(states))
     resume_step = start if resume else None
     metrics = MetricsLog(cfg.run.output_dir, resume_step, tensorboard=g.tensorboard)
     samples = StepLog(output_path(cfg, "samples.jsonl"), resume_step) if g.log_samples else None
     ahead, position = Lookahead(cfg, pool, states, sampler, start, steps), sampler.state_dict()
+    held_out = eval_states(cfg)
     bar = tqdm(range(start, steps), desc="grpo", unit="step", file=sys.stderr, initial=start, total=steps)
     since = time.perf_counter()
     try:
         for step in bar:
             row, groups, position = _step(step, ahead, pool, learner, restarts, since)
             since, done = time.perf_counter(), step + 1
+            if held_out and done % g.eval_every == 0:
+                row.update(evaluate(cfg, pool, held_out, done, log))
             metrics.write(row)
             for r in sample_rows(done, groups) if samples else ():
                 samples.write(r)
@@ -234,6 +269,17 @@ def _placement(cfg: Config, learner, log) -> None:
         f"max_staleness {cfg.grpo.max_staleness}")
 
 
+def job_plan(cfg: Config, ray_gpus: float | None = None, log=print):
+    """The placement plan of the run (``trainer.placement``): logged as a table, written to
+    ``<output_dir>/placement.json`` (also when it does not fit), and required to fit."""
+    from trainer.placement import plan_for
+
+    plan = plan_for(cfg, ray_gpus)
+    log(plan.table())
+    log(f"[job] placement plan: {plan.write(output_path(cfg, 'placement.json'))}")
+    return plan.require()
+
+
 def train(cfg: Config, resume: bool = False, log=print) -> dict:
     """Run the whole job; returns {"steps", "metrics", "policy", "plot"}."""
     import ray
@@ -242,16 +288,19 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict:
     from rollout.pool import RolloutPool
     from trainer.learner import place, start_learner
     from trainer.metrics import plot_curves, read_metrics
+    from trainer.placement import service_devices
 
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_file = write_resolved_config(cfg)
     states = train_states(cfg)
-    log(f"[job] {len(states)} train states, {total_steps(cfg, len(states))} steps of "
+    log(f"[job] {len(states)} train states, {total_steps(cfg.grpo, len(states))} steps of "
         f"{cfg.grpo.batch_states} states x {cfg.rollout.group_size} samples; outputs in {out}/")
-    with JobServices(cfg, config_file, out / "logs", need_retriever=cfg.rollout.rag, log=log) as svc:
-        start_ray(cfg)
-        cfg = place(cfg, ray.cluster_resources().get("GPU", 0.0))
+    start_ray(cfg)
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    devices = service_devices(job_plan(cfg, gpus, log))
+    with JobServices(cfg, config_file, out / "logs", need_retriever=cfg.rollout.rag, log=log, devices=devices) as svc:
+        cfg = place(cfg, gpus)
         learner = start_learner(cfg)
         pool = RolloutPool(cfg, svc.urls["retriever"], svc.urls["reward"])
         try:
@@ -268,15 +317,39 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict:
     return summary
 
 
+def prompt_tokenizer(cfg: Config, policy: str, given: str | None, log=print):
+    """The tokenizer ``--dry-run`` renders the prompt file with: ``--tokenizer``; else the policy's when
+    it is on this machine (the SFT folder, or ``policy.model`` as a folder or packaged model); else
+    SmolLM2's as an estimate (another chat template and token count than Qwen's: the run itself
+    rewrites the file with the policy's tokenizer). Hub names are never looked up."""
+    from escrag.models import load_tokenizer
+
+    if given:
+        return load_tokenizer(given)
+    for spec in (policy, cfg.policy.model):
+        if Path(spec).is_dir() or spec.startswith(("packaged:", "tiny-random:")):
+            return load_tokenizer(spec)
+    log(f"[dry-run] {policy} and {cfg.policy.model} are not on this machine: the prompt file is rendered with "
+        "SmolLM2's tokenizer as an estimate (--tokenizer SPEC to choose; the run rewrites it with the policy's)")
+    return load_tokenizer("packaged:smollm2-135m-instruct")
+
+
 def train_openrlhf(cfg: Config, policy: str | None = None, resume: bool = False, dry_run: bool = False,
-                   log=print) -> int:
+                   tokenizer: str | None = None, log=print) -> int:
     """``--backend openrlhf``: OpenRLHF's Ray GRPO trainer driving the two-stage agent from the SFT
-    model (``policy``, default ``<output_dir>/sft``); ``dry_run`` prints the command and returns."""
+    model (``policy``, default ``<output_dir>/sft``), after the placement plan; ``dry_run`` writes the
+    plan and the prompt files, prints the command and returns."""
     from trainer import openrlhf_launch as orl
+    from trainer.placement import service_devices
 
     policy = str(policy or orl.default_policy(cfg))
+    devices = service_devices(job_plan(cfg, log=log))
     cmd, env = orl.command(cfg, policy, resume), orl.run_env(cfg)
     if dry_run:
+        files = orl.write_prompts(cfg, train_states(cfg), prompt_tokenizer(cfg, policy, tokenizer, log), orl.UNSET_URL,
+                                  orl.UNSET_URL, resume=resume, eval_states=eval_states(cfg))
+        for path, rows in files:
+            log(f"[dry-run] {path}: {rows} rows")
         print(orl.one_line(cmd, env))
         return 0
     from escrag.models import load_tokenizer
@@ -284,17 +357,31 @@ def train_openrlhf(cfg: Config, policy: str | None = None, resume: bool = False,
 
     orl.require_policy(cfg, policy)
     out = Path(cfg.run.output_dir)
-    with JobServices(cfg, write_resolved_config(cfg), out / "logs", need_retriever=cfg.rollout.rag, log=log) as svc:
+    with JobServices(cfg, write_resolved_config(cfg), out / "logs", need_retriever=cfg.rollout.rag, log=log,
+                     devices=devices) as svc:
         orl.write_prompts(cfg, train_states(cfg), load_tokenizer(policy), svc.urls["retriever"], svc.urls["reward"],
-                          resume=resume)
+                          resume=resume, eval_states=eval_states(cfg))
         return orl.run(cmd, env, log=log)
+
+
+def dry_run_local(cfg: Config) -> int:
+    """``--dry-run`` of the local backend: the placement plan for ``placement.gpus`` (none: the CPU)."""
+    job_plan(cfg, log=print)
+    return 0
 
 
 def run_cli(args) -> int:
     """Handler of ``escrag grpo``."""
-    cfg = load_config(args.config, args.override)
-    if (getattr(args, "backend", None) or cfg.grpo.backend) == "openrlhf":
-        return train_openrlhf(cfg, args.policy, args.resume, args.dry_run)
+    import dataclasses
+
+    overrides = [*args.override, *([f"placement.gpus={args.gpus}"] if getattr(args, "gpus", None) else [])]
+    cfg = load_config(args.config, overrides)
+    if getattr(args, "backend", None):
+        cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, backend=args.backend))
+    if cfg.grpo.backend == "openrlhf":
+        return train_openrlhf(cfg, args.policy, args.resume, args.dry_run, getattr(args, "tokenizer", None))
+    if args.dry_run:
+        return dry_run_local(cfg)
     train(cfg, resume=args.resume)
     return 0
 
@@ -304,7 +391,14 @@ def backend_args(p: argparse.ArgumentParser) -> None:
                    help="local: this machine's learner; openrlhf: OpenRLHF on a GPU cluster (docs/cluster.md); "
                         "default: grpo.backend")
     p.add_argument("--policy", default=None, help="openrlhf: start from this model (default <output_dir>/sft)")
-    p.add_argument("--dry-run", action="store_true", help="openrlhf: print the command on one line and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the placement plan and write <output_dir>/placement.json; openrlhf: also write the "
+                        "prompt files and print the command on its last line; then exit")
+    p.add_argument("--gpus", default=None, metavar="NxGiB",
+                   help='the GPUs to plan for, e.g. 2x80 (= -o placement.gpus=2x80; the paper presets name theirs)')
+    p.add_argument("--tokenizer", default=None, metavar="SPEC",
+                   help="--dry-run: render the prompt file with this tokenizer (default: the policy's when it is "
+                        "on this machine, else SmolLM2's as an estimate)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,8 @@ log-probs at the sampling temperature (0.7), micro-batching does not change the 
 reaches exactly the loss-mask-1 tokens of a micro-batch that mixes prompt and completion lengths (and
 a masked span in the middle), π_old is recomputed by default when the engine runs in another
 precision, constant-reward groups are skipped and counted, LoRA's reference is the
-adapter switched off, exported weights pushed into an engine reproduce the learner's policy, and a
-state dict round-trips.
+adapter switched off, exported weights pushed into an engine reproduce the learner's policy, a
+state dict round-trips, and gradient checkpointing gives the same step (and really recomputes).
 Run: .venv/bin/python -m pytest -q tests/test_learner.py   (~25 s)"""
 
 import pytest
@@ -144,6 +144,32 @@ def test_micro_batches_give_the_same_gradient(tiny_model, engine):
     for name in g1:
         assert torch.allclose(g1[name], g2[name], atol=1e-6, rtol=1e-4), name
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_gives_the_same_step(tiny_model, engine, lora):
+    """``policy.gradient_checkpointing``: the same loss, KL and gradients (float32, full fine-tune and
+    LoRA), and the layers really are recomputed in the backward pass although the learner is in eval
+    mode (each MLP runs once more per micro-batch; transformers skips checkpointing in eval mode)."""
+    groups = _groups(engine, [[1.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 1.0]])
+    over = ["grpo.micro_batch_size=3", "grpo.max_grad_norm=1e9", *(["policy.lora.enabled=true"] * lora)]
+    runs = {}
+    for on in (False, True):
+        learner = Learner(_cfg(tiny_model, *over, f"policy.gradient_checkpointing={str(on).lower()}"))
+        calls = []
+        hooks = [layer.mlp.register_forward_pre_hook(lambda *_, c=calls: c.append(1)) for layer in learner.model.modules()
+                 if type(layer).__name__.endswith("DecoderLayer")]
+        m = learner.step(groups)
+        for h in hooks:
+            h.remove()
+        runs[on] = (m, _grads(learner), len(calls))
+    (m0, g0, n0), (m1, g1, n1) = runs[False], runs[True]
+    micro, layers = -(-m0["trained_sequences"] // 3), 2
+    assert n0 >= layers * micro and n1 == n0 + layers * micro  # + one recompute per layer and micro-batch
+    assert g0.keys() == g1.keys() and g0
+    for name in g0:
+        assert torch.allclose(g0[name], g1[name], atol=1e-6, rtol=1e-5), name
+    assert (m1["loss"], m1["kl"]) == (pytest.approx(m0["loss"], abs=1e-6), pytest.approx(m0["kl"], abs=1e-7))
 
 
 def test_constant_reward_groups_are_skipped_and_counted(tiny_model, engine):

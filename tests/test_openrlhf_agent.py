@@ -219,8 +219,9 @@ def test_label_round_trips_through_openrlhfs_prompt_dataset(engine, servers, tmp
 
     cfg = _cfg(f"run.output_dir={tmp_path}")
     states = load_states("valid")[:4]
-    path = orl.write_prompts(cfg, states, engine.tokenizer, servers["retriever"], servers["reward"])
+    [(path, count)] = orl.write_prompts(cfg, states, engine.tokenizer, servers["retriever"], servers["reward"])
     rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert count == len(rows)
     spec = importlib.util.spec_from_file_location(
         "openrlhf_prompts_dataset",
         Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0]) / "datasets" / "prompts_dataset.py")

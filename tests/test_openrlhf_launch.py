@@ -2,13 +2,15 @@
 accepted by the pinned ``openrlhf/cli/train_ppo_ray.py`` parser (rebuilt from its source with ``ast``,
 choices and types checked, no abbreviations) and carries our numbers; flags from OpenRLHF's README
 that its parser no longer has are refused; the pin agrees across pyproject, the launcher and the
-installed package; ``--dry-run`` prints exactly the command on one line and writes nothing; settings
+installed package; ``--dry-run`` prints the placement plan and the prompt files' rows and ends with the
+command; settings
 OpenRLHF cannot express fail with their key; the prompt dataset is read by OpenRLHF's own
 ``PromptDataset`` into our stage-1 prompt and the agent's label.
 Run: .venv/bin/python -m pytest -q tests/test_openrlhf_launch.py"""
 
 import importlib.metadata
 import importlib.util
+import json
 import re
 import shlex
 import subprocess
@@ -48,7 +50,7 @@ def test_emitted_flags_parse_and_carry_our_numbers(parser, preset):
     assert (a["actor.adam.lr"], a["actor.eps_clip"], a["actor.policy_loss_type"]) == (g.lr, 0.2, "ppo")
     assert (a["rollout.batch_size"], a["train.batch_size"]) == (g.batch_states, g.batch_states * ro.group_size)
     assert (a["rollout.temperature"], a["rollout.top_p"]) == (ro.temperature, ro.top_p)
-    assert a["train.num_episodes"] == (1 if g.steps else g.epochs) and a["train.max_epochs"] == 1
+    assert a["train.num_episodes"] == 1 and a["train.max_epochs"] == 1  # the file holds every step's batch
     assert a["actor.num_gpus_per_node"] == a["ref.num_gpus_per_node"] == a["vllm.num_engines"] == gpus
     assert a["train.colocate_all"] and a["vllm.enable_sleep"] and a["ds.param_dtype"] == "bf16"
     assert a["actor.lr_scheduler"] == "constant" and a["actor.adam.betas"] == [0.9, 0.999]
@@ -61,8 +63,8 @@ def test_emitted_flags_parse_and_carry_our_numbers(parser, preset):
 def test_paper_presets_table4(parser):
     for preset in ("paper-7b", "paper-3b"):
         a = orl.check_argv(orl.build_argv(_cfg(preset)), parser)
-        assert (a["actor.adam.lr"], a["rollout.batch_size"], a["train.num_episodes"], a["algo.kl.init_coef"]) == (
-            1e-6, 128, 2, 0.05)
+        assert (a["actor.adam.lr"], a["rollout.batch_size"], a["algo.kl.init_coef"]) == (1e-6, 128, 0.05)
+        assert len(orl.dataset_states(_cfg(preset), list(range(10_191)))) == 160 * 128  # 2 epochs, whole batches
         assert (a["rollout.n_samples_per_prompt"], a["rollout.temperature"], a["rollout.top_p"]) == (4, 0.9, 0.95)
 
 
@@ -88,22 +90,36 @@ def test_one_pin_everywhere():
     assert f"OPENRLHF := openrlhf=={orl.OPENRLHF_VERSION}" in make
 
 
-def test_dry_run_prints_the_exact_command_and_writes_nothing(tmp_path, parser):
+def test_dry_run_prints_the_plan_writes_its_files_and_ends_with_the_command(tmp_path, parser):
+    """``--dry-run`` on this CPU machine: the placement table, ``placement.json`` in the issue's shape,
+    the prompt file (a whole number of rollout batches; rendered with SmolLM2's tokenizer as an estimate
+    since the preset's Qwen is not here) with its path and row count, and the command on the last line."""
     out = tmp_path / "run"
-    args = ["--backend", "openrlhf", "--config", "configs/paper-7b.yaml", "--dry-run", "-o", f"run.output_dir={out}"]
+    args = ["--backend", "openrlhf", "--config", "configs/gpu-smoke.yaml", "--dry-run", "-o", f"run.output_dir={out}",
+            "-o", "grpo.steps=3", "-o", "grpo.eval_every=2", "-o", "grpo.eval_states=5"]
     res = subprocess.run([sys.executable, "-m", "ray_jobs.train_grpo", *args], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
-    assert len(lines) == 1 and not out.exists()
-    cfg = _cfg("paper-7b", f"run.output_dir={out}")
-    assert lines[0] == orl.one_line(orl.command(cfg), {"RAY_ADDRESS": "auto"})
-    words = shlex.split(lines[0])
-    assert words[:4] == ["RAY_ADDRESS=auto", sys.executable, "-m", orl.ENTRY]
-    orl.check_argv(words[4:], parser)
-    res = subprocess.run([sys.executable, "-m", "escrag", "grpo", *args, "--policy", "Qwen/Qwen2.5-7B-Instruct"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert "--actor.model_name_or_path Qwen/Qwen2.5-7B-Instruct " in res.stdout
+    cfg = _cfg("gpu-smoke", f"run.output_dir={out}", "grpo.steps=3", "grpo.eval_every=2", "grpo.eval_states=5")
+    assert lines[-1] == orl.one_line(orl.command(cfg), {})
+    a = orl.check_argv(shlex.split(lines[-1])[3:], parser)
+    assert (a["eval.dataset"], a["eval.steps"], a["eval.n_samples_per_prompt"]) == (
+        str(out / "openrlhf" / "eval_prompts.jsonl"), 2, 4)  # held-out validation through OpenRLHF's own
+    assert lines[0].startswith("placement (openrlhf): 1 GPU(s)") and "vllm:0" in res.stdout
+    plan = json.loads((out / "placement.json").read_text())
+    assert plan["fits"] and [g["index"] for g in plan["gpus"]] == [0] and plan["gpus"][0]["memory_gb"] == 80
+    assert {c["who"] for c in plan["gpus"][0]["claims"]} >= {"vllm:0", "actor:0", "ref:0"}
+    rows = (out / "openrlhf" / "prompts.jsonl").read_text().splitlines()
+    assert len(rows) == 3 * cfg.grpo.batch_states and f"{out / 'openrlhf' / 'prompts.jsonl'}: 6 rows" in res.stdout
+    assert len((out / "openrlhf" / "eval_prompts.jsonl").read_text().splitlines()) == 5
+    assert "SmolLM2's tokenizer as an estimate" not in res.stdout  # tiny-random:qwen2 is on this machine
+    args = ["--config", "configs/paper-3b.yaml", "--dry-run", "-o", f"run.output_dir={tmp_path / 'p3'}", "-o",
+            "grpo.steps=1", "--gpus", "2x80", "--policy", "Qwen/Qwen2.5-3B-Instruct"]
+    res = subprocess.run([sys.executable, "-m", "escrag", "grpo", *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert "--actor.model_name_or_path Qwen/Qwen2.5-3B-Instruct " in res.stdout.splitlines()[-1]
+    assert "SmolLM2's tokenizer as an estimate" in res.stdout and ": 128 rows" in res.stdout
 
 
 @pytest.mark.parametrize("override,key", [
@@ -133,13 +149,21 @@ def test_resume_and_missing_sft(tmp_path, parser):
 
 
 def test_dataset_states_follow_the_local_sampler():
+    """The prompt file holds the batches the local backend would draw: ``grpo.steps`` of them, or the
+    ``grpo.epochs`` passes rounded up to a whole batch, an epoch's remainder completed from the next."""
+    from collections import Counter
+
     from trainer.sampler import StateSampler
 
     states = list(range(10))
     cfg = _cfg("gpu-smoke", "grpo.steps=3", "grpo.batch_states=4")
     sampler = StateSampler(10, 4, cfg.run.seed)
     assert orl.dataset_states(cfg, states) == [i for _ in range(3) for i in sampler.next_batch()]
-    assert orl.dataset_states(_cfg("paper-7b"), states) == states
+    cfg = _cfg("gpu-smoke", "grpo.batch_states=4", "grpo.epochs=2", "grpo.steps=null")
+    rows = orl.dataset_states(cfg, states)
+    assert len(rows) == 20 and sorted(Counter(rows).values()) == [2] * 10  # 2 x 10 = 5 whole batches
+    rows = orl.dataset_states(_cfg("gpu-smoke", "grpo.batch_states=4", "grpo.epochs=3", "grpo.steps=null"), states)
+    assert len(rows) == 32 and set(Counter(rows).values()) == {3, 4}  # 30 -> 8 batches: none dropped
 
 
 def test_a_resumed_run_keeps_its_prompt_order(tmp_path):

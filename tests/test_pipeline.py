@@ -32,6 +32,7 @@ SIZE_KEYS = {  # what paper-tiny may change: names, sizes, stand-in models and d
     "reward.pairs", "reward.max_length", "reward.max_pairs", "rollout.engine", "rollout.num_workers",
     "rollout.max_new_tokens_stage1", "rollout.max_new_tokens_stage2", "rollout.torch_threads", "sft.data",
     "sft.num_examples", "sft.max_length", "grpo.batch_states", "grpo.checkpoint_every",
+    "grpo.eval_every", "grpo.eval_states", "placement.gpus",
     "grpo.backend", "openrlhf.gpus_per_node"}  # the paper presets train through OpenRLHF on GPUs
 
 

@@ -208,10 +208,10 @@ def _plain_alternation(cfg, reward_url):
     """The synchronous loop the job ran before the learner became an actor: generate, update in this
     process, push; one thread, as the actor has."""
     from escrag.seeds import derive_seed
-    from ray_jobs.train_grpo import total_steps, train_states
+    from ray_jobs.train_grpo import train_states
     from rollout.pool import RolloutPool
     from trainer.learner import Learner
-    from trainer.sampler import StateSampler
+    from trainer.sampler import StateSampler, total_steps
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -219,7 +219,7 @@ def _plain_alternation(cfg, reward_url):
     try:
         learner, states = Learner(cfg), train_states(cfg)
         sampler, drawn = StateSampler(len(states), cfg.grpo.batch_states, cfg.run.seed), []
-        for step in range(total_steps(cfg, len(states))):
+        for step in range(total_steps(cfg.grpo, len(states))):
             batch = [states[i] for i in sampler.next_batch()]
             groups = pool.generate(batch, [derive_seed(cfg.run.seed, "grpo", step, s.state_id) for s in batch])
             drawn += [(step + 1, g.state_id, g.policy_version, [s.output for s in g.samples], g.rewards) for g in groups]

@@ -15,7 +15,9 @@ reward server process (``vowels`` rule) and the session Ray head:
   and a retriever the job started are each killed with SIGKILL mid-run; the job restarts them, finishes
   every step with every group once, and its metrics count the restart; a reward server the job was
   only given goes away, and the job stops with exit 1, a one-line message naming the URL, and a
-  checkpoint at the last finished step.
+  checkpoint at the last finished step;
+- held-out validation (``grpo.eval_every``): the same seeded valid-split states after every step through
+  the two-stage path, logged under ``eval/`` (metrics.jsonl and TensorBoard), disjoint from training.
 
 Vanilla rollouts (``rollout.rag: false``) keep it cheap; the two-stage path runs in the demo.
 Run: .venv/bin/python -m pytest -q tests/test_train_job.py   (~150 s on 2 shared cores, ~70 s CPU)"""
@@ -220,6 +222,47 @@ def test_job_stops_cleanly_when_a_given_service_stays_down(ray_session, tmp_path
     done = len(read_metrics(out / "metrics.jsonl"))
     state = json.loads((out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip() / "state.json").read_text())
     assert state["step"] == done >= 2
+
+
+def test_validation_on_held_out_states(ray_session, tmp_path):
+    """``grpo.eval_every``: after every step the job answers the same seeded valid-split states through
+    the two-stage path (the job's own retriever and reward servers) and logs mean reward, its format
+    and RM parts, the stage-1 format rate and the crisis check's risk shares under ``eval/`` in
+    metrics.jsonl and TensorBoard; none of those states is a training state or shares a dialogue with one.
+    The job also leaves its placement plan (on this CPU cluster: every consumer on the CPU)."""
+    from escrag.config import load_config
+    from escrag.data import load_states
+    from ray_jobs.train_grpo import eval_states
+
+    index, out = tmp_path / "index", tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out", str(index),
+                    "--limit", "40"], cwd=ROOT, check=True, capture_output=True)
+    extra = ["rollout.rag=true", f"retriever.index_dir={index}", "retriever.k=2", "rollout.max_new_tokens_stage2=8",
+             "grpo.eval_every=1", "grpo.eval_states=3", "safety.rollout_metric=true", "safety.backbone=null"]
+    cmd = _job(out, None, 2) + ["-o", f"ray.address={ray_session.address}", *[a for e in extra for a in ("-o", e)]]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-4000:]
+    rows = read_metrics(out / "metrics.jsonl")
+    keys = {"eval/reward_mean", "eval/format_mean", "eval/rm_mean", "eval/stage1_format_mean",
+            "eval/risk_high_frac", "eval/risk_elevated_frac"}
+    assert [r["step"] for r in rows] == [1, 2] and all(keys <= r.keys() for r in rows)
+    assert all(r["eval/states"] == 3 and r["eval/version"] == r["version"] for r in rows)
+    assert all(0.0 <= r["eval/format_mean"] <= 1.0 and 0.0 <= r["eval/risk_high_frac"] <= 1.0 for r in rows)
+    assert res.stdout.count("[eval] step") == 2
+    cfg = load_config("configs/cpu-test.yaml", extra)
+    held = eval_states(cfg)
+    assert [s.state_id for s in held] == [s.state_id for s in eval_states(cfg)] and len(held) == 3
+    train = load_states(cfg.data.train)
+    assert {s.dialogue_id for s in held}.isdisjoint({s.dialogue_id for s in train})
+    assert {json.dumps(s.history) for s in held}.isdisjoint({json.dumps(s.history) for s in train})
+    trained = {r["state_id"] for r in _rows(out / "samples.jsonl")}
+    assert trained and trained.isdisjoint({s.state_id for s in held})
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = EventAccumulator(str(out / "tensorboard")).Reload().Tags()["scalars"]
+    assert {"eval/reward_mean", "eval/risk_high_frac", "train/reward_mean"} <= set(tags)
+    plan = json.loads((out / "placement.json").read_text())
+    assert plan["fits"] and plan["gpus"] == [] and {"learner", "worker:0", "embedder"} <= set(plan["cpu"])
 
 
 def test_running_mean_of_the_reward_curve_is_trailing():

@@ -22,7 +22,8 @@ whose ``loss_mask`` is 1 (masks are set by the rollout) and exports weights for 
 - Groups whose rewards are all equal have zero advantage; they are skipped (their KL term too) and
   counted as ``zero_adv_groups``. A batch with nothing left makes no optimizer step.
 - Dropout is off (eval mode) so the ratio compares like with like; ``policy.lora.dropout`` only
-  affects SFT.
+  affects SFT. ``policy.gradient_checkpointing`` recomputes each decoder layer in the backward pass
+  (``trainer.policy.eval_mode`` keeps it working in eval mode): same loss and gradients, less memory.
 - Weight export (``export_weights``): under LoRA the merged W + ΔW of the LoRA target modules only
   (HF names of the base model), else every parameter, cast once to ``policy.dtype``; the version
   number increases by one per optimizer step and goes with the weights to the rollout workers, which
@@ -49,7 +50,15 @@ from escrag.config import Config
 from escrag.models import engine_dtype, torch_dtype
 from escrag.records import ScoredGroup, TokenSequence
 from trainer.grpo import group_advantages, policy_loss
-from trainer.policy import build_policy, compute, is_lora, lora_merged_weights, save_merged, tail_logprobs
+from trainer.policy import (
+    build_policy,
+    compute,
+    eval_mode,
+    is_lora,
+    lora_merged_weights,
+    save_merged,
+    tail_logprobs,
+)
 
 
 def recompute_old(cfg: Config) -> bool:
@@ -82,7 +91,7 @@ class Learner:
         self.cfg, self.version = cfg, 0
         torch.manual_seed(cfg.run.seed)
         self.model, self.tokenizer = build_policy(cfg.policy, model)
-        self.model.eval()
+        eval_mode(self.model)
         self.ref = None
         if g.kl_coef > 0 and not is_lora(self.model):
             self.ref = copy.deepcopy(self.model).to(torch_dtype(cfg.policy.dtype)).requires_grad_(False)

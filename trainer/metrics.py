@@ -3,7 +3,9 @@
 Owns: ``StepLog`` (append one JSON object per line, each with a ``step``; on resume, lines past the
 checkpoint's step are dropped so the file reads as one uninterrupted run), ``MetricsLog`` (the step
 metrics in ``metrics.jsonl``, mirrored to TensorBoard), and ``plot_curves``. The job also keeps
-``samples.jsonl`` (every sampled output, its reward and exemplars) through a ``StepLog``.
+``samples.jsonl`` (every sampled output, its reward and exemplars) through a ``StepLog``. A step's row
+carries its validation's metrics (``eval/...``) when it had one; TensorBoard shows them under ``eval/``,
+the rest under ``train/``.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ class MetricsLog(StepLog):
         super().write(row)
         if self.tb is not None:
             for key, value in row.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self.tb.add_scalar(f"train/{key}", value, row["step"])
+                if isinstance(value, (int, float)) and key != "step":  # eval/... keep their prefix
+                    self.tb.add_scalar(key if "/" in key else f"train/{key}", value, row["step"])
             self.tb.flush()
 
     def close(self) -> None:

@@ -1,8 +1,10 @@
 """The OpenRLHF backend's launcher: our config -> ``openrlhf.cli.train_ppo_ray`` arguments, the prompt
 dataset it reads, the check of every emitted flag against the pinned parser, and the run.
 
-Owns: ``build_argv`` / ``command`` / ``one_line`` (pure: config -> argv), ``write_prompts`` (one JSONL
-row per train state: the rendered stage-1 prompt and the label the agent reads), ``parser_from_source``
+Owns: ``build_argv`` / ``command`` / ``one_line`` (config -> argv, vLLM's memory share from the
+placement plan, ``trainer.placement``, which must fit), ``dataset_states`` (the prompt file holds whole
+rollout batches: every step's, as the local sampler draws them), ``write_prompts`` (one JSONL row per
+state, train and held-out validation: the rendered stage-1 prompt and the label the agent reads), ``parser_from_source``
 and ``check_argv`` (the pinned ``train_ppo_ray.py`` read with ``ast``: its parser is built inline under
 ``__main__`` in a module that imports ray and vllm at the top, so it is never imported), and ``run``.
 
@@ -10,8 +12,8 @@ How our numbers map (docs/cluster.md has the table): group-normalised advantages
 ``rollout.group_size`` samples per prompt, KL to the reference in the loss with the k3 estimator
 (``grpo.kl_coef``), per-token clipped ratio (``ppo``) with ``grpo.loss_agg``, ``grpo.batch_states``
 prompts per rollout and one optimizer step per pass over them (``train.batch_size`` = states x
-samples), ``grpo.epochs`` passes over the states (``train.num_episodes``; ``grpo.steps`` instead writes
-exactly that many batches and one episode), constant lr, AdamW betas (0.9, 0.999) like the local
+samples), the prompt file holding every step's batch (``grpo.epochs`` passes over the states, or
+``grpo.steps`` batches) read as one episode, constant lr, AdamW betas (0.9, 0.999) like the local
 learner. The agent (``rollout/openrlhf_agent.py``) applies top-k, the stop string and the per-stage
 token caps, since OpenRLHF's sampling flags have none of them.
 
@@ -36,12 +38,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from escrag.config import Config, ConfigError, output_path
+from escrag.config import Config, ConfigError, check_rank_split, output_path
 from escrag.errors import UserError
+from trainer.placement import engines, plan_for
 
 OPENRLHF_VERSION = "0.11.2"  # the `cluster` extra pins the same version (a test checks)
 ENTRY = "openrlhf.cli.train_ppo_ray"
 INPUT_KEY, LABEL_KEY = "prompt", "label"  # the prompt dataset's fields (--data.input_key / label_key)
+UNSET_URL = "unset: the run writes the URL of the server it starts"  # labels of a --dry-run's prompt file
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 _LOSS_AGG = {"token_mean": "token-mean", "seq_mean": "seq-mean-token-mean"}
 
@@ -71,6 +75,11 @@ def prompts_path(cfg: Config) -> Path:
     return _abs(cfg, "openrlhf", "prompts.jsonl")
 
 
+def eval_prompts_path(cfg: Config) -> Path:
+    """The held-out states OpenRLHF validates on (``--eval.dataset``; ``grpo.eval_every``)."""
+    return _abs(cfg, "openrlhf", "eval_prompts.jsonl")
+
+
 def agent_path() -> str:
     """Absolute path of the agent module OpenRLHF loads by file (found without importing it)."""
     return str(Path(importlib.util.find_spec("rollout.openrlhf_agent").origin).resolve())
@@ -88,25 +97,19 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("grpo.ratio_level: OpenRLHF has per-token ratios only (its gspo is the length-"
                           "normalised geometric mean, not eq. 10's sequence ratio); use 'token'")
     gpus = o.nodes * o.gpus_per_node
-    if o.colocate and _engines(cfg) * o.vllm_tensor_parallel != gpus:
+    if o.colocate and engines(cfg) * o.vllm_tensor_parallel != gpus:
         raise ConfigError(f"openrlhf.vllm_engines: colocated, engines x tensor parallel must equal the "
-                          f"{gpus} actor GPUs, got {_engines(cfg)} x {o.vllm_tensor_parallel}")
-    if g.batch_states * cfg.rollout.group_size // o.rollout_micro_batch_size < gpus:
-        raise ConfigError(f"grpo.batch_states: {g.batch_states} states x {cfg.rollout.group_size} samples "
-                          f"leave fewer micro-batches than the {gpus} actor GPUs")
+                          f"{gpus} actor GPUs, got {engines(cfg)} x {o.vllm_tensor_parallel}")
+    check_rank_split(cfg)  # at load already when grpo.backend is openrlhf; --backend may choose it later
 
 
-def _engines(cfg: Config) -> int:
-    o = cfg.openrlhf
-    return o.vllm_engines or max(1, o.nodes * o.gpus_per_node // o.vllm_tensor_parallel)
-
-
-def _placement(cfg: Config) -> list[str]:
+def _placement(cfg: Config, vllm_gpu_memory: float) -> list[str]:
+    """Actor, reference and engine GPUs; vLLM's memory share as the placement plan leaves it."""
     o = cfg.openrlhf
     nodes, gpus = str(o.nodes), str(o.gpus_per_node)
     argv = ["--actor.num_nodes", nodes, "--actor.num_gpus_per_node", gpus,
-            "--vllm.num_engines", str(_engines(cfg)), "--vllm.tensor_parallel_size", str(o.vllm_tensor_parallel),
-            "--vllm.gpu_memory_utilization", str(cfg.rollout.vllm_gpu_memory)]
+            "--vllm.num_engines", str(engines(cfg)), "--vllm.tensor_parallel_size", str(o.vllm_tensor_parallel),
+            "--vllm.gpu_memory_utilization", str(vllm_gpu_memory)]
     if cfg.grpo.kl_coef > 0:  # the reference model exists only with a KL term
         argv += ["--ref.num_nodes", nodes, "--ref.num_gpus_per_node", gpus]
     if o.colocate:
@@ -123,7 +126,7 @@ def _algorithm(cfg: Config) -> list[str]:
             "--actor.loss_agg_mode", _LOSS_AGG[g.loss_agg],
             "--rollout.batch_size", str(g.batch_states), "--train.batch_size", str(g.batch_states * ro.group_size),
             "--train.max_epochs", str(g.updates_per_batch),
-            "--train.num_episodes", str(1 if g.steps else g.epochs),
+            "--train.num_episodes", "1",  # the prompt file holds every step's batch (dataset_states)
             "--rollout.temperature", str(ro.temperature), "--rollout.top_p", str(ro.top_p),
             "--actor.adam.lr", str(g.lr), "--actor.adam.betas", "0.9", "0.999", "--actor.adam.weight_decay", "0",
             "--actor.lr_scheduler", "constant", "--actor.lr_warmup_ratio", "0",
@@ -139,7 +142,7 @@ def _deepspeed(cfg: Config) -> list[str]:
             "--ds.attn_implementation", o.attn_implementation,
             "--train.micro_batch_size", str(cfg.grpo.micro_batch_size),
             "--rollout.micro_batch_size", str(o.rollout_micro_batch_size)]
-    if o.gradient_checkpointing:
+    if cfg.policy.gradient_checkpointing:
         argv.append("--actor.gradient_checkpointing_enable")
     if o.adam_offload:
         argv.append("--ds.adam_offload")
@@ -161,18 +164,24 @@ def _io(cfg: Config, policy: Path | str, resume: bool) -> list[str]:
             "--logger.logging_steps", str(g.log_every)]
     if g.tensorboard:
         argv += ["--logger.tensorboard_dir", str(_abs(cfg, "tensorboard"))]
+    if g.eval_every:  # OpenRLHF's validation: mean and best reward of the samples (no format or risk split)
+        argv += ["--eval.dataset", str(eval_prompts_path(cfg)), "--eval.steps", str(g.eval_every),
+                 "--eval.temperature", str(cfg.rollout.temperature),
+                 "--eval.n_samples_per_prompt", str(cfg.rollout.group_size)]
     if resume:
         argv.append("--ckpt.load_enable")  # resumes from the newest checkpoint under --ckpt.path
     return argv
 
 
 def build_argv(cfg: Config, policy: Path | str | None = None, resume: bool = False) -> list[str]:
-    """Every ``train_ppo_ray`` flag for ``cfg`` (policy: the SFT model by default)."""
+    """Every ``train_ppo_ray`` flag for ``cfg`` (policy: the SFT model by default). Fails, naming the
+    consumer and the numbers, when the placement plan (``trainer.placement``) does not fit."""
     check_config(cfg)
+    vllm_gpu_memory = plan_for(cfg).require().vllm_gpu_memory
     policy = policy or default_policy(cfg)
     if Path(policy).exists():  # a local folder; anything else is a hub name OpenRLHF resolves itself
         policy = Path(policy).resolve()
-    return [*_io(cfg, policy, resume), *_placement(cfg), *_algorithm(cfg), *_deepspeed(cfg)]
+    return [*_io(cfg, policy, resume), *_placement(cfg, vllm_gpu_memory), *_algorithm(cfg), *_deepspeed(cfg)]
 
 
 def command(cfg: Config, policy: Path | str | None = None, resume: bool = False,
@@ -207,31 +216,27 @@ def sampler_scheme(cfg: Config, resume: bool) -> int:
 
 
 def dataset_states(cfg: Config, states: list, scheme: int | None = None) -> list:
-    """The rows' states: every train state once (``grpo.epochs`` episodes), or with ``grpo.steps``
-    exactly the states of that many batches, drawn as the local backend draws them (with ``scheme``,
-    default a fresh sampler's)."""
-    if not cfg.grpo.steps:
-        return list(states)
-    from trainer.sampler import StateSampler
+    """The rows' states: the batches of every step of the run (``trainer.sampler.total_steps``), drawn
+    as the local backend draws them (with ``scheme``, default a fresh sampler's), so the file holds a
+    whole number of rollout batches and OpenRLHF, which keeps a short last batch, never makes one. No
+    state is dropped: an epoch's remainder opens a batch that the next epoch's permutation completes,
+    so with ``grpo.epochs`` E every state is in the file E or E + 1 times; OpenRLHF reads it as one
+    episode and shuffles its rows (``--train.seed``)."""
+    from trainer.sampler import StateSampler, total_steps
 
     sampler = StateSampler(len(states), cfg.grpo.batch_states, cfg.run.seed)
     sampler.scheme = sampler.scheme if scheme is None else scheme
-    return [states[i] for _ in range(cfg.grpo.steps) for i in sampler.next_batch()]
+    return [states[i] for _ in range(total_steps(cfg.grpo, len(states))) for i in sampler.next_batch()]
 
 
-def write_prompts(cfg: Config, states: list, tokenizer, retriever_url: str | None, reward_url: str,
-                  resume: bool = False) -> Path:
-    """One row per state, ``{"prompt": stage-1 prompt text, "label": the agent's JSON label}``,
-    written atomically to ``prompts_path(cfg)`` (rewritten on resume too: the services' URLs may have
-    changed, the order may not). Fails when a prompt leaves no room for both stages."""
+def _rows(cfg: Config, states: list, tokenizer, retriever_url: str | None, reward_url: str) -> list[str]:
+    """One JSONL row per state; fails when a stage-1 prompt leaves no room for both stages."""
     from tqdm import tqdm
 
-    from escrag.atomic import write_text
     from rollout.openrlhf_agent import episode_label, stage1_prompt
 
     rows, longest = [], 0
-    scheme = sampler_scheme(cfg, resume)
-    for state in tqdm(dataset_states(cfg, states, scheme), desc="prompt dataset", unit="state", file=sys.stderr):
+    for state in tqdm(states, desc="prompt dataset", unit="state", file=sys.stderr):
         text = stage1_prompt(tokenizer, state.history, cfg)
         longest = max(longest, len(tokenizer(text, add_special_tokens=False).input_ids))
         rows.append(json.dumps({INPUT_KEY: text, LABEL_KEY: episode_label(state, cfg, retriever_url, reward_url)}))
@@ -241,9 +246,26 @@ def write_prompts(cfg: Config, states: list, tokenizer, retriever_url: str | Non
         raise ConfigError(f"openrlhf.max_len: the longest stage-1 prompt ({longest} tokens) plus the stage "
                           f"token caps need {need} > {cfg.openrlhf.max_len}, before the exemplars; raise it "
                           "or set data.max_history_turns")
-    path = write_text(prompts_path(cfg), "\n".join(rows) + "\n")
-    write_text(path.with_suffix(".meta.json"), json.dumps({"sampler_scheme": scheme}) + "\n")
-    return path
+    return rows
+
+
+def write_prompts(cfg: Config, states: list, tokenizer, retriever_url: str | None, reward_url: str,
+                  resume: bool = False, eval_states: list = ()) -> list[tuple[Path, int]]:
+    """The prompt dataset (``dataset_states`` of the train ``states``) and, with ``eval_states``, the
+    validation set (``eval_prompts_path``), each row ``{"prompt": stage-1 prompt text, "label": the
+    agent's JSON label}``, written atomically (rewritten on resume too: the services' URLs may have
+    changed, the order may not). Returns [(path, rows)]."""
+    from escrag.atomic import write_text
+
+    scheme = sampler_scheme(cfg, resume)
+    out = []
+    for path, chosen in ((prompts_path(cfg), dataset_states(cfg, states, scheme)),
+                         (eval_prompts_path(cfg), list(eval_states))):
+        if chosen:
+            write_text(path, "\n".join(_rows(cfg, chosen, tokenizer, retriever_url, reward_url)) + "\n")
+            out.append((path, len(chosen)))
+    write_text(prompts_path(cfg).with_suffix(".meta.json"), json.dumps({"sampler_scheme": scheme}) + "\n")
+    return out
 
 
 # ------------------------------------------------------------------------------ the flag check

@@ -1,7 +1,7 @@
 """The trainable policy: a causal LM, optionally wrapped with LoRA (peft), and its merged export.
 
 Owns: building the policy from ``PolicyConfig`` (SFT and the GRPO learner share it), its precision
-(``compute``), the merged base-model weights under LoRA (W + scale·B·A, with the base model's HF
+(``compute``), gradient checkpointing (``set_checkpointing``, ``eval_mode``), the merged base-model weights under LoRA (W + scale·B·A, with the base model's HF
 parameter names), and saving a plain model folder that ``escrag.models.load_causal_lm`` loads, so
 every other part of the project only ever sees a path. Saving is atomic (``escrag.atomic.atomic_dir``).
 
@@ -34,6 +34,8 @@ def build_policy(cfg: PolicyConfig, model: str | None = None):
     spec = model or cfg.model
     tok = load_tokenizer(spec)
     lm = load_causal_lm(spec, "float32").to(resolve_device(cfg.device))
+    if cfg.gradient_checkpointing:
+        set_checkpointing(lm, True)
     if cfg.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
@@ -43,6 +45,32 @@ def build_policy(cfg: PolicyConfig, model: str | None = None):
         lm = get_peft_model(lm, peft_cfg)
     lm.train()
     return lm, tok
+
+
+def set_checkpointing(model, on: bool) -> None:
+    """Gradient checkpointing per decoder layer (``policy.gradient_checkpointing``) on or off: the
+    layer's activations are recomputed in the backward pass instead of kept. Non-reentrant
+    (``use_reentrant=False``), so the inputs need no gradient and LoRA works without
+    ``enable_input_require_grads``. (``activation_checkpointing_enable`` is transformers >= 5.2x's name;
+    the GPU check's 5.17 has only ``gradient_checkpointing_enable``.)"""
+    if not on:
+        off = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+        off()
+    elif hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def eval_mode(model):
+    """Eval mode (dropout off: the ratio compares like with like) that keeps gradient checkpointing:
+    transformers recomputes a layer only when the layer is in training mode, so the checkpointed
+    layers themselves are flagged as training, never their submodules (dropout stays off)."""
+    model.eval()
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is True:
+            module.training = True
+    return model
 
 
 def compute(cfg: PolicyConfig, model):
@@ -142,5 +170,6 @@ def tail_logprobs(model, seqs: list[list[int]], keep: int, pad_id: int, temperat
     device = next(model.parameters()).device
     ids, attn, pos = (t.to(device) for t in left_pad(seqs, pad_id))
     keep = min(keep, ids.shape[1] - 1)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep + 1).logits
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep + 1,
+                   use_cache=False).logits
     return token_logprobs(logits[:, :-1], ids[:, -keep:], temperature)  # position j predicts T - keep + j

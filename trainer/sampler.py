@@ -1,6 +1,6 @@
 """Which train states each GRPO step draws.
 
-Owns: ``StateSampler``: seeded epoch permutations over the train states; its position is two ints,
+Owns: ``total_steps`` (how many batches a run draws) and ``StateSampler``: seeded epoch permutations over the train states; its position is two ints,
 saved in each checkpoint's ``state.json`` (``trainer.checkpoint``) so a resumed run continues at the
 same data position.
 
@@ -12,12 +12,19 @@ switches the sampler to it, so an old run resumes with exactly the data order it
 
 from __future__ import annotations
 
+import math
 import random
 
 from escrag.seeds import derive_seed
 
 SCHEME = 2  # what a fresh sampler uses; 1 is the formula of checkpoints without a "scheme" key
 SCHEMES = (1, 2)
+
+
+def total_steps(grpo, n_states: int) -> int:
+    """Steps of a run: ``grpo.steps``, else ``grpo.epochs`` passes over ``n_states`` in batches of
+    ``grpo.batch_states`` (the last one completed from the next epoch's permutation)."""
+    return grpo.steps or math.ceil(grpo.epochs * n_states / grpo.batch_states)
 
 
 class StateSampler:

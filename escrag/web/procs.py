@@ -28,11 +28,12 @@ def free_port() -> int:
 class ServerProcess:
     """``escrag serve <args> --port P``; with ``timeout`` the constructor waits for /health (a
     ``timeout`` of None returns at once: call ``wait`` later, e.g. after starting several).
-    ``restart()`` starts the same command on the same port, so clients' URLs stay valid."""
+    ``restart()`` starts the same command on the same port, so clients' URLs stay valid. ``env``:
+    variables set for the process (and its restarts) over this one's, e.g. ``CUDA_VISIBLE_DEVICES``."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path, timeout: float | None = 180.0,
-                 port: int | None = None):
-        self.name, self.args, self.port = name, list(args), port or free_port()
+                 port: int | None = None, env: dict[str, str] | None = None):
+        self.name, self.args, self.port, self.env = name, list(args), port or free_port(), dict(env or {})
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log_dir) / f"{name}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -44,7 +45,7 @@ class ServerProcess:
     def _launch(self, mode: str) -> None:
         cmd = [sys.executable, "-m", "escrag", "serve", *self.args, "--port", str(self.port)]
         with self.log.open(mode) as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -1,0 +1,44 @@
+"""The GPU check (tests/gpu/device_check.sh and .py) keeps working where no GPU is: the shell script,
+run here, finds no CUDA and runs every part at tiny shapes on the CPU: the CPU-vs-device agreement
+(both sides the CPU: exact), the learner sweep with and without checkpointing beside the placement
+plan's estimate, the engine's prefill and decode rates, the reward backbone in bfloat16 and float32.
+It loads no Ray, server, FAISS, vLLM, DeepSpeed or OpenRLHF code, and what it needs on the GPU machine
+(the working tree and the tiny model folder) fits the 64 MiB that travels there.
+Run: .venv/bin/python -m pytest -q tests/test_device_check.py   (~35 s)"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {"ray", "fastapi", "starlette", "uvicorn", "faiss", "vllm", "deepspeed", "openrlhf", "sentence_transformers"}
+
+
+def test_the_gpu_check_runs_on_the_cpu(tmp_path, tiny_model):
+    env = {**os.environ, "PYTHON": sys.executable, "TINY": tiny_model}
+    res = subprocess.run(["bash", "tests/gpu/device_check.sh", str(tmp_path)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = json.loads((tmp_path / "device_check.json").read_text())
+    assert out["mode"] == "cpu" and not any("error" in out[p] or "skipped" in out[p]
+                                            for p in ("agreement", "learner", "engine", "reward")), out
+    a = out["agreement"]
+    assert a["logprobs_within_1e-4"] and a["greedy_tokens_equal"] and a["step_loss_abs_diff"] == 0.0
+    assert a["step_kl"][0] > 0 and a["step_loss"][0] != 0  # the compared step is not a trivial one
+    runs = out["learner"]["runs"]
+    assert [(r["seq"], r["checkpointing"]) for r in runs] == [(64, False), (64, True), (128, False), (128, True)]
+    assert all(r["tokens_per_s"] > 0 and r["estimate_gb"] > 0 and r["micro_batch"] == 2 for r in runs)
+    assert out["engine"]["prefill_tokens_per_s"] > 0 and out["engine"]["decode_tokens"] > 0
+    assert out["reward"]["bfloat16"]["items_per_s"] > 0 and out["reward"]["float32"]["items_per_s"] > 0
+    assert not FORBIDDEN & set(out["third_party_modules"]), out["third_party_modules"]
+    assert {"torch", "transformers", "pydantic"} <= set(out["third_party_modules"])
+
+
+def test_what_travels_fits_the_upload(tiny_model):
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    tree = sum((ROOT / f).stat().st_size for f in files if f and (ROOT / f).is_file())
+    model = sum(p.stat().st_size for p in Path(tiny_model).rglob("*") if p.is_file())
+    assert tree + model < 48 * 2**20, (tree, model)  # 64 MiB with room for the carried wheels (~3 MiB)

@@ -1,0 +1,165 @@
+"""The placement plan (trainer/placement.py) and the model shapes it sizes (escrag/shapes.py):
+
+- every known shape's parameter count is the one transformers builds for its config (on the meta
+  device), the published sizes of the paper's models, and the packaged / tiny models' own config.json;
+- the paper presets fit on 2 x 80 and 4 x 80 GiB with the reward backbone in bfloat16 on a GPU, in the
+  issue's ``placement.json`` shape; the reward server and the embedder get GPUs of their own choosing
+  and are pinned there (``CUDA_VISIBLE_DEVICES``, inside an outer one too);
+- what does not fit fails before anything starts, naming the GPU, the consumers and the numbers: the
+  float32 reward backbone of the old presets, a too-small card; vLLM's share is lowered to what the
+  resident services leave and the launcher emits the lowered value;
+- the estimates move the right way (checkpointing, ZeRO stages, micro-batch, dtype);
+- the local backend: on a CPU-only cluster everything is on the CPU; on one GPU the learner and the
+  engine sit where their Ray shares put them; ``--dry-run`` of a local config that does not fit exits 2
+  with one line and leaves its ``placement.json``.
+Run: .venv/bin/python -m pytest -q tests/test_placement.py   (~25 s)"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from escrag.config import ConfigError, load_config
+from escrag.shapes import KNOWN, hf_config, shape_of
+from trainer import placement as pl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cfg(preset, *overrides):
+    return load_config(ROOT / "configs" / f"{preset}.yaml", list(overrides))
+
+
+def test_shapes_count_what_transformers_builds():
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    for name, shape in KNOWN.items():
+        with torch.device("meta"):
+            config = hf_config(shape)
+            model = (AutoModelForCausalLM.from_config(config) if shape.decoder
+                     else AutoModel.from_config(config, add_pooling_layer=False))
+        assert sum(p.numel() for p in model.parameters()) == shape.params, name
+    published = {"Qwen/Qwen2.5-3B-Instruct": 3.09e9, "Qwen/Qwen2.5-7B": 7.61e9, "BAAI/bge-m3": 0.568e9,
+                 "packaged:smollm2-135m-instruct": 0.1345e9}
+    for name, size in published.items():
+        assert KNOWN[name].params == pytest.approx(size, rel=0.005), name
+
+
+def test_packaged_shapes_are_their_config_files(tiny_model):
+    from escrag.models import resolve_model
+
+    assert shape_of(tiny_model) == KNOWN["tiny-random:qwen2"]
+    assert shape_of(resolve_model("packaged:smollm2-135m-instruct")).params == KNOWN[
+        "packaged:smollm2-135m-instruct"].params
+    assert shape_of(resolve_model("packaged:minilm")) == KNOWN["packaged:minilm"]
+    with pytest.raises(Exception, match="cannot size this model"):
+        shape_of("someone/unknown-model")
+
+
+@pytest.mark.parametrize("preset,gpus", [("paper-3b", (2, 80.0)), ("paper-7b", (4, 80.0))])
+def test_paper_presets_fit_with_the_reward_model_in_bfloat16_on_a_gpu(preset, gpus):
+    cfg = _cfg(preset)
+    assert cfg.reward.dtype == "bfloat16" and pl.parse_gpus(cfg.placement.gpus) == gpus
+    plan = pl.make_plan(cfg, gpus).require()
+    data = plan.to_json()
+    assert data["fits"] and [g["index"] for g in data["gpus"]] == list(range(gpus[0]))
+    assert all(g["memory_gb"] == 80 and g["peak_gb"] <= 80 for g in data["gpus"])
+    claims = {c["who"]: (g["index"], c["gb"]) for g in data["gpus"] for c in g["claims"]}
+    assert {f"{w}:{i}" for w in ("vllm", "actor", "ref") for i in range(gpus[0])} <= set(claims)
+    assert claims["reward"][0] != claims["embedder"][0]  # each on the GPU with the most room
+    assert 14 < claims["reward"][1] < 25 and claims["vllm:0"][1] == 0.6 * 80
+    assert pl.service_devices(plan) == {"reward": claims["reward"][0], "retriever": claims["embedder"][0]}
+    assert json.loads(json.dumps(data)) == data
+
+
+def test_what_does_not_fit_is_named_with_its_numbers(tmp_path):
+    old = _cfg("paper-3b", "reward.dtype=float32", "reward.max_batch=32", "grpo.micro_batch_size=8",
+               "openrlhf.rollout_micro_batch_size=8")  # the presets before this plan
+    plan = pl.make_plan(old, (2, 80.0))
+    assert not plan.to_json()["fits"]
+    with pytest.raises(ConfigError) as err:
+        plan.require()
+    text = str(err.value)
+    assert "GPU 0 (80 GiB) needs" in text and "actor:0" in text and "reward" in text and "train phase" in text
+    small = pl.make_plan(_cfg("paper-7b"), (4, 40.0))
+    assert any("GPU" in p for p in small.problems)
+    assert pl.make_plan(_cfg("paper-7b"), (2, 80.0)).problems[0].startswith("placement.gpus: 2 GPUs")
+
+
+def test_vllm_gets_what_the_services_leave_and_the_launcher_emits_it(parser):
+    from trainer import openrlhf_launch as orl
+
+    cfg = _cfg("paper-3b", "reward.max_batch=32")  # a bigger reward forward on GPU 0
+    plan = pl.make_plan(cfg, (2, 80.0)).require()
+    assert plan.vllm_gpu_memory < 0.6 and "lowered from 0.6" in " ".join(plan.notes)
+    gpu0 = plan.gpus[0]
+    assert gpu0.need("rollout") <= 80 and plan.vllm_gpu_memory == pytest.approx(
+        int(100 * (80 - (gpu0.need("rollout") - plan.vllm_gpu_memory * 80)) / 80) / 100)
+    args = orl.check_argv(orl.build_argv(cfg), parser)
+    assert args["vllm.gpu_memory_utilization"] == plan.vllm_gpu_memory
+
+
+@pytest.fixture(scope="module")
+def parser():
+    pytest.importorskip("openrlhf", reason="make install adds the no-deps OpenRLHF these tests read")
+    from trainer import openrlhf_launch as orl
+
+    return orl.parser_from_source()
+
+
+def test_estimates_move_the_right_way():
+    s = KNOWN["Qwen/Qwen2.5-3B-Instruct"]
+    ckpt, full = (pl.train_acts_gb(s, 8 * 2048, c, 2, 2, 8 * 512) for c in (True, False))
+    assert ckpt < full / 5
+    assert pl.zero_state_gb(s, 0, 4, False) > pl.zero_state_gb(s, 1, 4, False) > pl.zero_state_gb(s, 2, 4, False)
+    assert pl.zero_state_gb(s, 2, 4, False) > pl.zero_state_gb(s, 3, 4, False) > pl.zero_state_gb(s, 3, 4, True)
+    assert pl.zero_state_gb(s, 0, 1, False) == pytest.approx(16 * s.params / pl.GIB)
+    assert pl.weights_gb(s, "float32") == 2 * pl.weights_gb(s, "bfloat16")
+    assert pl.kv_gb(s, 1000, 2) == pytest.approx(2 * 36 * 256 * 2 * 1000 / pl.GIB)
+
+
+def _actor_gb(*overrides) -> float:
+    plan = pl.make_plan(_cfg("paper-3b", *overrides), (2, 80.0))
+    return next(c.gb for c in plan.gpus[1].claims if c.who == "actor:1")
+
+
+def test_the_actor_claim_follows_its_settings():
+    base = _actor_gb()
+    assert _actor_gb("grpo.micro_batch_size=4") > base and _actor_gb("openrlhf.max_len=2048") < base
+    assert _actor_gb("policy.gradient_checkpointing=false") > base + 10
+    assert _actor_gb("openrlhf.zero_stage=2") > base and _actor_gb("openrlhf.adam_offload=true") < base
+
+
+def test_services_are_pinned_inside_an_outer_cuda_visible_devices(monkeypatch):
+    from ray_jobs.services import gpu_env
+
+    assert gpu_env(None) == {} and gpu_env(1) == {"CUDA_VISIBLE_DEVICES": "1"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert gpu_env(1) == {"CUDA_VISIBLE_DEVICES": "6"}
+
+
+def test_local_backend_plans():
+    cpu = pl.make_plan(_cfg("cpu-test"), (0, 0.0)).require()
+    assert cpu.gpus == [] and {"learner", "worker:0", "reward"} <= set(cpu.cpu)
+    smoke = pl.make_plan(_cfg("gpu-smoke", "grpo.backend=local"), (1, 80.0)).require()
+    claims = {c.who: c for c in smoke.gpus[0].claims}
+    assert {"learner", "worker:0", "embedder"} <= set(claims) and "Ray share 0.7" in claims["learner"].what
+    assert claims["worker:0"].gb == 0.25 * 80 and smoke.vllm_gpu_memory == 0.25
+    assert pl.job_gpus(_cfg("cpu-test"), ray_gpus=0.0) == (0, 0.0)
+    with pytest.raises(ConfigError, match="placement.gpus: the OpenRLHF backend"):
+        pl.job_gpus(_cfg("paper-3b", "placement.gpus=null"))
+
+
+def test_dry_run_of_a_plan_that_does_not_fit_exits_2_and_keeps_the_plan(tmp_path):
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "ray_jobs.train_grpo", "--config", "configs/cpu-test.yaml",
+                          "--dry-run", "--gpus", "1x0.05", "-o", f"run.output_dir={out}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "placement: the plan does not fit; GPU 0 (0.05 GiB) needs" in res.stderr and "learner" in res.stderr
+    assert "Traceback" not in res.stderr
+    plan = json.loads((out / "placement.json").read_text())
+    assert not plan["fits"] and plan["gpus"][0]["claims"][0]["who"] == "learner"

@@ -1,0 +1,402 @@
+"""The placement plan: config + the GPUs -> where every GPU consumer sits and how much memory it needs.
+
+Owns: ``make_plan(cfg, gpus)`` (pure: the config, ``(count, GiB each)``, and the models' shapes from
+``escrag.shapes``), the memory estimates it adds up (below), ``Plan`` (its table, its
+``placement.json``, ``require`` which stops a plan that does not fit before anything starts, and the
+GPU each service is pinned to), and ``job_gpus`` (the GPUs a run plans for: ``placement.gpus``, else
+Ray's count and torch's memory). Used by ``--dry-run``, the OpenRLHF launcher (it emits the lowered
+``--vllm.gpu_memory_utilization``) and the local job (it pins the services with
+``CUDA_VISIBLE_DEVICES``). GiB throughout.
+
+Consumers. OpenRLHF (``grpo.backend: openrlhf``), per actor GPU i: ``vllm:i`` (rollout phase),
+``actor:i`` and ``ref:i`` (train phase; colocated, each sleeps while the other phase runs and keeps only
+``placement.process_overhead_gb``; not colocated, actor, reference and engines get GPUs of their own).
+Local backend: ``learner`` (policy + reference in one process) and ``worker:w`` where the Ray shares of
+``trainer.learner.place`` put them (first fit, as Ray packs fractions), all resident at once. Both:
+``reward`` (the reward server's backbone) and ``embedder`` (the retriever's), each placed on the GPU
+with the most room; local only, ``safety:w`` (a worker's crisis-check backbone when
+``safety.conv_device`` is not cpu) on its worker's GPU. A GPU fits when its resident claims plus its
+larger phase fit its memory. (The paper gives only the GPU counts: 2 and 4 A800s.)
+
+Estimates (P parameters, L layers, h hidden, I MLP width, k = kv_heads x head_dim, V vocabulary,
+T tokens of a micro-batch, b bytes of the compute dtype; ``tests/gpu/device_check.py`` measures them):
+- weights: P x bytes(dtype);
+- training state of a full fine-tune with Adam: local learner 16P (float32 weights, gradients, two
+  moments) + 2P of bfloat16 weight copies under autocast; DeepSpeed (bf16 params and gradients, fp32
+  master and moments) 16P at ZeRO 0, 4P + 12P/R at 1, 2P + 14P/R at 2, 16P/R at 3 over R ranks
+  (``openrlhf.adam_offload`` moves the 12P part to the CPU), plus at ZeRO 3 the gathered working set
+  2(Vh + 2 x one layer). LoRA: the frozen weights and 16 bytes per adapter parameter;
+- activations of a training micro-batch: one layer keeps T(18h + 6k + 8I) b/2 bytes (norm inputs in
+  float32, q/k/v/attention output, four MLP tensors of width I; flash/SDPA attention keeps no T x T);
+  all L layers without checkpointing, with it each layer's input (T h x the residual's bytes: 2 under
+  DeepSpeed, 4 over float32 master weights) plus one layer being recomputed; and the logits of the
+  scored positions, (b + 8) bytes each (the logits, their float32 copy, its gradient);
+- a forward without gradients (reference, reward backbone, embedder, experience making): one layer's
+  T(2h + 3I) b plus, for log-probs, (b + 4) bytes per logit;
+- KV cache: 2 L k b per token; a vLLM engine claims ``rollout.vllm_gpu_memory`` of its GPU, lowered to
+  what the resident services leave, and must hold its weights and one ``openrlhf.max_len`` sequence.
+Worst cases: every micro-batch padded to ``openrlhf.max_len`` (OpenRLHF) or ``rollout.max_seq_len``
+(local), every reward batch ``reward.max_batch`` x ``reward.max_length`` tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from escrag.config import Config, ConfigError
+from escrag.shapes import Shape, shape_of
+
+GIB = 2**30
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PHASES = ("rollout", "train")  # besides "always": colocated OpenRLHF alternates them
+VLLM = "vLLM engine"  # what a vLLM claim says: its size is set last (_fit_vllm), from what is left
+
+
+# ------------------------------------------------------------------------------ estimates (GiB)
+
+
+def weights_gb(s: Shape, dtype: str) -> float:
+    return s.params * BYTES[dtype] / GIB
+
+
+def layer_params(s: Shape) -> int:
+    return (s.params - s.vocab * s.hidden * (1 if s.tied else 2)) // s.layers
+
+
+def zero_state_gb(s: Shape, stage: int, ranks: int, adam_offload: bool) -> float:
+    """DeepSpeed mixed-precision Adam state per rank, ZeRO working set included."""
+    p, master = s.params, 0 if adam_offload else 12
+    split = {0: (2 + 2 + master, 0), 1: (4, master), 2: (2, 2 + master), 3: (0, 4 + master)}[stage]
+    work = 2 * (s.vocab * s.hidden + 2 * layer_params(s)) if stage == 3 else 0
+    return (p * split[0] + p * split[1] / ranks + work) / GIB
+
+
+def train_acts_gb(s: Shape, tokens: int, checkpointing: bool, b: int, residual: int, logit_tokens: int) -> float:
+    layer = tokens * (18 * s.hidden + 6 * s.kv_dim + 8 * s.intermediate) * b / 2
+    kept = s.layers * tokens * s.hidden * residual + layer if checkpointing else s.layers * layer
+    return (kept + logit_tokens * s.vocab * (b + 8)) / GIB
+
+
+def forward_gb(s: Shape, tokens: int, b: int, logits: bool = False) -> float:
+    return (tokens * (2 * s.hidden + 3 * s.intermediate) * b + (tokens * s.vocab * (b + 4) if logits else 0)) / GIB
+
+
+def kv_gb(s: Shape, tokens: int, b: int) -> float:
+    return 2 * s.layers * s.kv_dim * b * tokens / GIB
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class Claim:
+    who: str  # "vllm:0", "actor:1", "reward", ...
+    gb: float  # GiB
+    phase: str = "always"  # "always", or "rollout" / "train" (colocated OpenRLHF sleeps the other)
+    what: str = ""  # how the number is made up
+
+
+@dataclass
+class Gpu:
+    index: int
+    memory_gb: float
+    claims: list[Claim] = field(default_factory=list)
+
+    def need(self, phase: str) -> float:
+        return sum(c.gb for c in self.claims if c.phase in ("always", phase))
+
+    @property
+    def peak_gb(self) -> float:
+        return max(self.need(p) for p in PHASES)
+
+
+@dataclass
+class Plan:
+    backend: str
+    gpus: list[Gpu]
+    cpu: list[str] = field(default_factory=list)  # consumers that run on the CPU
+    vllm_gpu_memory: float | None = None  # what the engines get (rollout.vllm_gpu_memory, maybe lowered)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def device(self, who: str) -> int | None:
+        """The GPU index ``who`` sits on, None on the CPU."""
+        return next((g.index for g in self.gpus for c in g.claims if c.who == who), None)
+
+    def to_json(self) -> dict:
+        gpus = [{"index": g.index, "memory_gb": g.memory_gb, "peak_gb": round(g.peak_gb, 1),
+                 "claims": [{"who": c.who, "gb": round(c.gb, 1), "phase": c.phase, "what": c.what}
+                            for c in g.claims]} for g in self.gpus]
+        return {"backend": self.backend, "fits": not self.problems, "gpus": gpus, "cpu": self.cpu,
+                "vllm_gpu_memory": self.vllm_gpu_memory, "notes": self.notes, "problems": self.problems}
+
+    def write(self, path: str | Path) -> Path:
+        from escrag.atomic import write_text
+
+        return write_text(Path(path), json.dumps(self.to_json(), indent=2) + "\n")
+
+    def table(self) -> str:
+        rows = [f"placement ({self.backend}): {len(self.gpus)} GPU(s)"
+                + (f", vLLM gets {self.vllm_gpu_memory} of its GPU" if self.vllm_gpu_memory else "")]
+        for g in self.gpus:
+            rows.append(f"  GPU {g.index} ({g.memory_gb:g} GiB): peak {g.peak_gb:.1f} GiB "
+                        + ", ".join(f"{p} {g.need(p):.1f}" for p in PHASES))
+            rows += [f"    {c.who:<15} {c.gb:6.1f} GiB  {c.phase:<7} {c.what}" for c in g.claims]
+        rows += [f"  on the CPU: {', '.join(self.cpu)}"] if self.cpu else []
+        rows += [f"  note: {n}" for n in self.notes] + [f"  DOES NOT FIT: {p}" for p in self.problems]
+        return "\n".join(rows)
+
+    def require(self) -> Plan:
+        """The plan, or a ConfigError naming each consumer that does not fit and the numbers."""
+        if self.problems:
+            raise ConfigError("placement: the plan does not fit; " + "; ".join(self.problems)
+                              + " (docs/cluster.md, memory; --dry-run prints the plan)")
+        return self
+
+
+def parse_gpus(text: str) -> tuple[int, float]:
+    """``"2x80"`` -> (2, 80.0)."""
+    count, gb = text.split("x")
+    return int(count), float(gb)
+
+
+def make_plan(cfg: Config, gpus: tuple[int, float]) -> Plan:
+    """Where every GPU consumer of a training job sits on ``gpus`` = (count, GiB each), with its
+    memory estimate; ``plan.problems`` says what does not fit (``Plan.require``)."""
+    count, gb = gpus
+    plan = Plan(cfg.grpo.backend, [Gpu(i, gb) for i in range(count)])
+    home = _openrlhf(cfg, plan) if cfg.grpo.backend == "openrlhf" else _local(cfg, plan)
+    for who, device, claim in _services(cfg):
+        _put_service(plan, who, device, claim, home)
+    _fit_vllm(cfg, plan)
+    for g in plan.gpus:
+        for phase in PHASES:
+            if g.need(phase) > g.memory_gb + 1e-9:
+                parts = " + ".join(f"{c.who} {c.gb:.1f}" for c in g.claims if c.phase in ("always", phase))
+                plan.problems.append(f"GPU {g.index} ({g.memory_gb:g} GiB) needs {g.need(phase):.1f} GiB in the "
+                                     f"{phase} phase: {parts}")
+                break
+    return plan
+
+
+def _policy_state(cfg: Config, s: Shape, zero: tuple[int, int, bool] | None) -> tuple[float, str]:
+    """(GiB, how) of the policy's training state: DeepSpeed's with ``zero`` = (stage, ranks, adam
+    offload), else the local learner's."""
+    lora = cfg.policy.lora
+    if lora.enabled:
+        adapters = s.layers * sum(lora.r * sum(_dims(s)[m]) for m in lora.target_modules if m in _dims(s))
+        shards = zero[1] if zero and zero[0] == 3 else 1
+        base = weights_gb(s, cfg.policy.dtype if zero else "float32") / shards
+        return base + 16 * adapters / GIB, f"LoRA: frozen weights {base:.1f} + adapters"
+    if zero:
+        return zero_state_gb(s, *zero), f"ZeRO-{zero[0]} over {zero[1]} ranks"
+    cast = 2 * s.params / GIB if cfg.policy.dtype != "float32" else 0.0
+    return 16 * s.params / GIB + cast, "fp32 weights+grads+Adam 16P" + (" + bf16 casts 2P" if cast else "")
+
+
+def _dims(s: Shape) -> dict[str, tuple[int, int]]:
+    """(in, out) of each linear a LoRA adapter can wrap."""
+    h, k, i = s.hidden, s.kv_dim, s.intermediate
+    return {"q_proj": (h, h), "k_proj": (h, k), "v_proj": (h, k), "o_proj": (h, h), "gate_proj": (h, i),
+            "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def _train_acts(cfg: Config, s: Shape, seq: int, logit_len: int, residual: int) -> tuple[float, str]:
+    """Activations of one training micro-batch of ``seq`` tokens a row, ``logit_len`` scored."""
+    b, mb, ckpt = BYTES[cfg.policy.dtype], cfg.grpo.micro_batch_size, cfg.policy.gradient_checkpointing
+    gb = train_acts_gb(s, mb * seq, ckpt, b, residual, mb * logit_len)
+    return gb, f"activations {mb}x{seq} tokens{' (checkpointed)' if ckpt else ''} {gb:.1f}"
+
+
+def engines(cfg: Config) -> int:
+    """OpenRLHF's vLLM engines: ``openrlhf.vllm_engines``, else one per actor GPU / tensor parallel."""
+    o = cfg.openrlhf
+    return o.vllm_engines or max(1, o.nodes * o.gpus_per_node // o.vllm_tensor_parallel)
+
+
+def _openrlhf(cfg: Config, plan: Plan) -> list[int]:
+    """OpenRLHF's actor, reference and vLLM claims; returns the GPUs the services may use (the head's)."""
+    o, ovh, s = cfg.openrlhf, cfg.placement.process_overhead_gb, shape_of(cfg.policy.model)
+    ranks, ref, tp = o.nodes * o.gpus_per_node, cfg.grpo.kl_coef > 0, o.vllm_tensor_parallel
+    need = ranks if o.colocate else ranks * (1 + ref) + engines(cfg) * tp
+    if len(plan.gpus) < need:
+        plan.problems.append(f"placement.gpus: {len(plan.gpus)} GPUs, but the OpenRLHF layout needs {need} "
+                             f"(openrlhf.nodes x gpus_per_node{'' if o.colocate else ' x 2 + engines x TP'})")
+        return []
+    state, how = _policy_state(cfg, s, (o.zero_stage, ranks, o.adam_offload))
+    b = BYTES[cfg.policy.dtype]
+    train, acts = _train_acts(cfg, s, o.max_len, o.max_len, residual=b)
+    fwd = forward_gb(s, o.rollout_micro_batch_size * o.max_len, b, logits=True)
+    actor = Claim("", state + max(train, fwd) + ovh, "train" if o.colocate else "always",
+                  f"{how} {state:.1f} + max({acts}, experience forward {fwd:.1f}) + {ovh:g}")
+    ref_gb = weights_gb(s, cfg.policy.dtype) / (ranks if o.zero_stage == 3 else 1) + ovh
+    vllm = Claim("", plan.gpus[0].memory_gb, "rollout" if o.colocate else "always", VLLM)
+    for r in range(ranks):
+        actor_gpu, ref_gpu = (r, r) if o.colocate else (r, ranks + r)
+        plan.gpus[actor_gpu].claims.append(dataclasses.replace(actor, who=f"actor:{r}"))
+        if ref:
+            plan.gpus[ref_gpu].claims.append(Claim(f"ref:{r}", ref_gb, actor.phase, f"{cfg.policy.dtype} weights"
+                                                   f"{' / ' + str(ranks) + ' (ZeRO-3)' if o.zero_stage == 3 else ''}"))
+    first = 0 if o.colocate else ranks * (1 + ref)
+    for e in range(engines(cfg) * tp):
+        gpu = plan.gpus[first + e]
+        gpu.claims.append(dataclasses.replace(vllm, who=f"vllm:{e // tp}"))
+        if o.colocate:  # what each sleeping process keeps in the other phase
+            gpu.claims += [Claim(f"{c.who} asleep", ovh, other, "context") for c in list(gpu.claims)
+                           for other in PHASES if c.phase not in ("always", other) and " " not in c.who]
+    return list(range(o.gpus_per_node))
+
+
+def _local(cfg: Config, plan: Plan) -> list[int]:
+    """The local job's learner and rollout workers where their Ray shares put them; returns every GPU."""
+    from trainer.learner import place
+
+    placed = place(cfg, float(len(plan.gpus)))
+    g, ro = placed.grpo, placed.rollout
+    free = [1.0] * len(plan.gpus)
+    consumers = [("learner", g.learner_gpus, lambda: _learner_claims(placed))]
+    consumers += [(f"worker:{w}", ro.worker_gpus, lambda w=w: _worker_claims(placed, w)) for w in range(ro.num_workers)]
+    for who, share, claims in consumers:  # sized only when on a GPU: a CPU run needs no model shapes
+        slot = next((i for i, f in enumerate(free) if f >= min(share, 1.0) - 1e-9), None) if share else None
+        if slot is None:
+            plan.cpu.append(who)
+            if share:
+                plan.problems.append(f"{who}: its Ray share {share:g} GPU finds no GPU with that much left")
+            continue
+        free[slot] -= min(share, 1.0)
+        for c in claims():
+            c.gb = c.gb or min(share, 1.0) * plan.gpus[slot].memory_gb  # a vLLM engine: at most its share
+            plan.gpus[slot].claims.append(dataclasses.replace(c, what=f"{c.what} (Ray share {share:g})"))
+    return list(range(len(plan.gpus)))
+
+
+def learner_gb(cfg: Config, s: Shape, seq: int, scored: int) -> tuple[float, str]:
+    """(GiB, how) of the local learner with micro-batches of ``seq``-token rows, ``scored`` of them
+    trained: policy state, frozen reference and one micro-batch's activations (no process overhead)."""
+    state, how = _policy_state(cfg, s, None)
+    ref = weights_gb(s, cfg.policy.dtype) if cfg.grpo.kl_coef > 0 and not cfg.policy.lora.enabled else 0.0
+    acts, what = _train_acts(cfg, s, seq, scored, residual=4)
+    return state + ref + acts, f"{how} {state:.1f} + reference {ref:.1f} + {what}"
+
+
+def _learner_claims(cfg: Config) -> list[Claim]:
+    """The local learner at the longest rows (``rollout.max_seq_len``)."""
+    ro, ovh = cfg.rollout, cfg.placement.process_overhead_gb
+    scored = ro.max_seq_len if ro.train_stage1 else ro.max_new_tokens_stage2
+    gb, how = learner_gb(cfg, shape_of(cfg.policy.model), ro.max_seq_len, scored)
+    return [Claim("learner", gb + ovh, what=f"{how} + {ovh:g}")]
+
+
+def _worker_claims(cfg: Config, w: int) -> list[Claim]:
+    """A local rollout worker: its engine (vLLM: sized last; transformers: weights, KV slots and the
+    prefix cache, a prefill pass) and, with the conversation head on a GPU, its crisis-check backbone."""
+    ro, sc, ovh = cfg.rollout, cfg.safety, cfg.placement.process_overhead_gb
+    if ro.engine == "vllm":
+        claims = [Claim(f"worker:{w}", 0.0, what=VLLM)]
+    else:
+        from rollout.engines.hf_engine import PREFILL_TOKENS
+
+        s, dtype = shape_of(cfg.policy.model), "bfloat16" if ro.dtype == "auto" else ro.dtype  # auto on a GPU
+        w_gb, kv = weights_gb(s, dtype), kv_gb(s, ro.max_batch * ro.max_seq_len + ro.prefix_cache_tokens, BYTES[dtype])
+        fwd = forward_gb(s, PREFILL_TOKENS, BYTES[dtype])
+        claims = [Claim(f"worker:{w}", w_gb + kv + fwd + ovh,
+                        what=f"{dtype} weights {w_gb:.1f} + KV {kv:.1f} + prefill {fwd:.1f} + {ovh:g}")]
+    if ro.device != "cpu" and sc.rollout_metric and sc.backbone and sc.conv_device != "cpu":
+        s = shape_of(sc.backbone)
+        claims.append(Claim(f"safety:{w}", weights_gb(s, "float32") + forward_gb(s, sc.conv_batch * ro.max_seq_len, 2),
+                            what=f"{sc.backbone} float32 + a {sc.conv_batch}-conversation forward"))
+    return claims
+
+
+def _services(cfg: Config) -> list[tuple[str, str, object]]:
+    """(name, device setting, claim maker) of the reward and retriever servers the job starts itself."""
+    r, e, ovh, out = cfg.reward, cfg.retriever, cfg.placement.process_overhead_gb, []
+
+    def reward() -> Claim:
+        s, tokens = shape_of(r.backbone), r.max_batch * r.max_length
+        w, f = weights_gb(s, r.dtype), forward_gb(s, tokens, BYTES[r.dtype])
+        return Claim("reward", w + f + ovh, what=f"{r.backbone} {r.dtype} {w:.1f} + forward of "
+                     f"{r.max_batch}x{r.max_length} tokens {f:.1f} + {ovh:g}")
+
+    def embedder() -> Claim:
+        s, tokens = shape_of(e.embedder), e.embed_batch_size * cfg.rollout.max_new_tokens_stage1
+        w, f = weights_gb(s, "float32"), forward_gb(s, tokens, 4)
+        return Claim("embedder", w + f + ovh, what=f"{e.embedder} float32 {w:.1f} + forward of "
+                     f"{e.embed_batch_size} queries {f:.1f} + {ovh:g}")
+
+    if not r.url and not r.rule:
+        out.append(("reward", r.device, reward))
+    if cfg.rollout.rag and not e.url:
+        out.append(("embedder", e.device, embedder))
+    return out
+
+
+def _put_service(plan: Plan, who: str, device: str, claim, home: list[int]) -> None:
+    """A service on its ``cuda:N``, else on the GPU of ``home`` with the most room; on the CPU (and not
+    sized) when its device is cpu or there is no GPU."""
+    if device == "cpu" or not plan.gpus or not home:
+        plan.cpu.append(who)
+        return
+    index = int(device.split(":")[1]) if ":" in device else min(home, key=lambda i: (plan.gpus[i].peak_gb, i))
+    plan.gpus[index].claims.append(claim())
+
+
+def _fit_vllm(cfg: Config, plan: Plan) -> None:
+    """One ``gpu_memory_utilization`` for every engine: ``rollout.vllm_gpu_memory``, lowered to what
+    the other claims of its phase leave on the fullest engine GPU; it must hold the weights and the KV
+    cache of one longest sequence."""
+    claims = [(g, c) for g in plan.gpus for c in g.claims if c.what.startswith(VLLM)]
+    if not claims:
+        return
+    want = util = cfg.rollout.vllm_gpu_memory
+    for g, c in claims:
+        left = min(c.gb, g.memory_gb - (g.need(c.phase) - c.gb))
+        util = min(util, math.floor(100 * max(left, 0.0) / g.memory_gb) / 100)
+    s, b = shape_of(cfg.policy.model), BYTES[cfg.policy.dtype]
+    tp = cfg.openrlhf.vllm_tensor_parallel if plan.backend == "openrlhf" else 1
+    seq = cfg.openrlhf.max_len if plan.backend == "openrlhf" else cfg.rollout.max_seq_len
+    need = weights_gb(s, cfg.policy.dtype) / tp + kv_gb(s, seq, b) / tp
+    for g, c in claims:
+        c.gb, c.what = util * g.memory_gb, f"{VLLM}: {util:g} of the GPU (weights {need:.1f} with one {seq}-token KV)"
+    plan.vllm_gpu_memory = util
+    if util < want:
+        plan.notes.append(f"rollout.vllm_gpu_memory lowered from {want:g} to {util:g}: what the other claims leave")
+    if util * claims[0][0].memory_gb < need:
+        plan.problems.append(f"{claims[0][1].who}: vLLM needs {need:.1f} GiB for the weights and one {seq}-token "
+                             f"sequence, but only {util:g} x {claims[0][0].memory_gb:g} GiB is left for it")
+
+
+def job_gpus(cfg: Config, ray_gpus: float | None = None) -> tuple[int, float]:
+    """(count, GiB each) a run plans for. Without ``ray_gpus`` (``--dry-run``, the OpenRLHF backend):
+    ``placement.gpus`` (the local backend: none, the CPU). The local job passes its Ray cluster's GPU
+    count, which wins; their memory is ``placement.gpus``'s, else the smallest torch reports here."""
+    given = parse_gpus(cfg.placement.gpus) if cfg.placement.gpus else None
+    if ray_gpus is None:
+        if given is None and cfg.grpo.backend == "openrlhf":
+            raise ConfigError("placement.gpus: the OpenRLHF backend plans for the GPUs named here, e.g. 2x80 "
+                              "(count x GiB; --gpus on the command line)")
+        return given or (0, 0.0)
+    count = int(ray_gpus)
+    if count == 0 or given:
+        return count, given[1] if given else 0.0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"placement.gpus: Ray has {count} GPU(s) but this process sees none to read their "
+                          "memory; set it, e.g. 1x80 (count x GiB)")
+    gb = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / GIB
+    return count, math.floor(10 * gb) / 10
+
+
+def plan_for(cfg: Config, ray_gpus: float | None = None) -> Plan:
+    """``make_plan`` on the run's GPUs (``job_gpus``)."""
+    return make_plan(cfg, job_gpus(cfg, ray_gpus))
+
+
+def service_devices(plan: Plan) -> dict[str, int | None]:
+    """The GPU of each server the job starts (``ray_jobs.services.JobServices``'s names)."""
+    return {"reward": plan.device("reward"), "retriever": plan.device("embedder")}
