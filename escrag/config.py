@@ -108,12 +108,20 @@ class LoraConfig:
 @_section
 class PolicyConfig:
     model: Str = _f("packaged:smollm2-135m-instruct", "see escrag.models.resolve_model")
-    dtype: Dtype = _f("float32", "compute dtype of the learner and SFT (autocast; weights stay float32) and "
-                      "the engines' weights")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f(
+        "float32", "compute dtype of the learner and SFT (autocast; weights stay float32) and the engines' "
+        "weights; auto = bfloat16 where it is fast (policy.device a GPU, or a CPU with AMX / AVX512-BF16), "
+        "else float32, resolved when the config is loaded")
     device: Str = _f("auto", "learner, its reference and SFT: auto = cuda when a GPU is visible, else cpu")
     gradient_checkpointing: Bool = _f(False, "recompute each decoder layer's activations in the backward pass "
                                       "(learner, SFT and the OpenRLHF actor): less memory, ~1/3 more compute")
     lora: LoraConfig = _sub(LoraConfig, "LoRA adapters of the learner and SFT")
+
+    def __post_init__(self):
+        if self.dtype == "auto":  # an AVX2 CPU emulates bfloat16 matmuls: ~7x slower than float32
+            from escrag.models import fast_bfloat16, resolve_device
+
+            self.dtype = "bfloat16" if fast_bfloat16(resolve_device(self.device)) else "float32"
 
 
 @_section
@@ -251,6 +259,9 @@ class SafetyConfig:
                              ge=0.0, le=1.0)
     conv_elevated: Float = _f(0.5, 'P(high) -> at least "elevated"', gt=0.0, le=1.0)
     conv_batch: Int = _f(16, "conversations per backbone forward", ge=1)
+    conv_dtype: Literal["auto", "float32", "bfloat16"] = _f(
+        "auto", "the backbone's compute: auto = bfloat16 autocast where bfloat16 is fast (a GPU, a CPU with AMX "
+        "or AVX512-BF16), else float32; each dtype has its own fitted head (both shipped for the default)")
     conv_device: Str = _f("cpu", "the backbone's device: cpu (default: next to vLLM, whose memory share it would "
                           "eat into), cuda[:N], or auto (cuda when a GPU is visible); a backbone larger than "
                           "SmolLM2 is a GPU's job")

@@ -137,3 +137,20 @@ def test_config_show_bad_file_is_one_line(tmp_path, capsys):
     assert main(["config", "show", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"{path}: grpo.clip_eps: must be <= 1" in err
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_auto_dtypes_take_bfloat16_only_where_it_is_fast(monkeypatch, fast):
+    """``policy.dtype: auto`` (the CPU demo's) and ``safety.conv_dtype: auto`` resolve to bfloat16 only
+    where bfloat16 matmuls are fast (the probe of the CPU's flags stands in for the machine here), else
+    float32; a dtype given is kept either way."""
+    import escrag.models
+    from escrag.safety.backbone import conv_dtype
+
+    monkeypatch.setattr(escrag.models, "fast_bfloat16", lambda device: fast)
+    want = "bfloat16" if fast else "float32"
+    demo = load_config(CONFIGS / "cpu-demo.yaml")
+    assert demo.policy.dtype == want and conv_dtype(demo.safety) == want
+    assert load_config(CONFIGS / "cpu-test.yaml").policy.dtype == "float32"
+    fixed = load_config(CONFIGS / "cpu-demo.yaml", ["policy.dtype=bfloat16", "safety.conv_dtype=float32"])
+    assert (fixed.policy.dtype, conv_dtype(fixed.safety)) == ("bfloat16", "float32")

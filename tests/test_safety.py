@@ -22,10 +22,11 @@ import pytest
 from escrag.config import ConfigError, load_config
 from escrag.data import DataError
 from escrag.models import cache_dir
+from escrag.safety.backbone import conv_dtype
 from escrag.safety.cases import load_cases
 from escrag.safety.classifier import RiskClassifier, with_conversation
 from escrag.safety.evaluation import embedding_duplicates, evaluate, near_duplicates, shared_turn_sequences
-from escrag.safety.heads import conv_head_key, head_key
+from escrag.safety.heads import conv_head_name, head_key
 from escrag.safety.reply import safety_reply
 from escrag.safety.types import CATEGORIES, RiskAssessment, with_answer
 
@@ -98,7 +99,7 @@ print("\\n".join(p for p in opened if p.endswith(".jsonl") or "safety-head-" in 
     assert not [p for p in opened if p.endswith(".jsonl") and p != str(mine)], opened  # no eval, no bundled tuning
     sc = load_config("configs/cpu-test.yaml", [f"safety.tuning={mine}", f"safety.conv_tuning=[{mine}]"]).safety
     shutil.rmtree(cache_dir() / f"safety-head-{head_key(sc, mine)}")  # this file's heads are of no further use
-    shutil.rmtree(cache_dir() / f"safety-conv-{conv_head_key(sc)}")
+    shutil.rmtree(cache_dir() / conv_head_name(sc, conv_dtype(sc)))
 
 
 def test_design_study_judges_on_a_dev_half_of_round6_and_never_reads_eval():
@@ -149,15 +150,17 @@ def test_conversation_head_is_fitted_without_round6_dev_groups_and_round7_copies
 
 
 def test_shipped_heads_are_the_default_configs_and_are_used():
-    """data/safety/heads/ holds exactly the heads of the default safety config (their names hash the
-    tuning files and settings: a changed tuning file without ``escrag safety fit-heads`` fails here),
-    and the classifier loads them from there, not from $ESCRAG_CACHE."""
+    """data/safety/heads/ holds exactly the heads of the default safety config, the conversation head
+    once per ``safety.conv_dtype`` (their names hash the tuning files and settings: a changed tuning
+    file without ``escrag safety fit-heads`` fails here), and the classifier loads them from there,
+    not from $ESCRAG_CACHE."""
     from escrag.config import SafetyConfig
     from escrag.safety.cases import resolve_cases
     from escrag.safety.heads import HEADS_DIR, head_file
 
     def names(sc):
-        return {f"safety-head-{head_key(sc, resolve_cases(sc.tuning))}.npz", f"safety-conv-{conv_head_key(sc)}.npz"}
+        return {f"safety-head-{head_key(sc, resolve_cases(sc.tuning))}.npz",
+                *(f"{conv_head_name(sc, d)}.npz" for d in ("bfloat16", "float32"))}
 
     want = names(SafetyConfig())
     assert {p.name for p in HEADS_DIR.glob("*.npz")} == want
@@ -179,7 +182,8 @@ def test_fit_heads_reproduces_the_shipped_heads(tmp_path, monkeypatch):
 
     shipped = heads.HEADS_DIR
     monkeypatch.setattr(heads, "HEADS_DIR", tmp_path)
-    assert cli.fit_heads_main(Namespace(config=None, override=[])) == 0
+    for dtype in ("bfloat16", "float32"):
+        assert cli.fit_heads_main(Namespace(config=None, override=[f"safety.conv_dtype={dtype}"])) == 0
     assert sorted(p.name for p in tmp_path.glob("*.npz")) == sorted(p.name for p in shipped.glob("*.npz"))
     clf = RiskClassifier.from_config(load_config(None))
     dev = [c for c in load_cases("tuning-round6") if dev_group(c)]
@@ -337,10 +341,11 @@ def test_backbone_features_do_not_depend_on_the_batch():
     assert np.abs(together[0] - alone[0]).max() > 0.1  # and different conversations differ
 
 
-def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(tmp_path, dtype):
     """The backbone drops the layers past the deepest one it pools (but one) and skips the LM head:
     its features equal the whole model's hidden states pooled the same way (the shipped heads were
-    fitted on those)."""
+    fitted on those), under bfloat16 autocast or in plain float32 (``safety.conv_dtype``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -351,11 +356,11 @@ def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "m", num_hidden_layers=5)
     model.save_pretrained(tmp_path / "m")
-    bb = Backbone(str(tmp_path / "m"), [1, 3], batch=4)
+    bb = Backbone(str(tmp_path / "m"), [1, 3], batch=4, dtype=dtype)
     assert len(bb.lm.model.layers) == 4
     convs = [_user("I have the pills counted out"), _user("exams are killing me", "ok", "fine, really")]
     enc = bb.tok([render(h) for h in convs], return_tensors="pt", padding=True)
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         hs = model.eval()(**enc, output_hidden_states=True).hidden_states
     mask = enc.attention_mask.unsqueeze(-1).float()
     want = torch.cat([(hs[k].float() * mask).sum(1) / mask.sum(1) for k in (1, 3)], dim=1).numpy()

@@ -17,18 +17,30 @@ def render(history: list[dict]) -> str:
     return text[-MAX_CHARS:] + QUESTION
 
 
+def conv_dtype(sc) -> str:
+    """``safety.conv_dtype`` resolved for ``safety.conv_device``: ``auto`` is bfloat16 where it is fast
+    (``escrag.models.fast_bfloat16``: a GPU, or a CPU with AMX / AVX512-BF16), else float32 (an AVX2
+    CPU emulates bfloat16 matmuls, ~7x slower than float32)."""
+    from escrag.models import fast_bfloat16, resolve_device
+
+    if sc.conv_dtype != "auto":
+        return sc.conv_dtype
+    return "bfloat16" if fast_bfloat16(resolve_device(sc.conv_device)) else "float32"
+
+
 class Backbone:
     """``features(histories) -> [n, len(layers) * hidden]``: the model's hidden states after each of
     ``layers`` averaged over the tokens of ``render(history)``. Right padding, so a row's states do
-    not depend on its batch (causal attention) but in bfloat16's last bits; bfloat16 autocast over
-    float32 weights, on the CPU or a GPU (``safety.conv_device``; a backbone larger than the default is a GPU's job)."""
+    not depend on its batch (causal attention) but in bfloat16's last bits; float32 weights, under
+    bfloat16 autocast when ``dtype`` is bfloat16, on the CPU or a GPU (``safety.conv_device``; a
+    backbone larger than the default is a GPU's job)."""
 
-    def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu"):
+    def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu", dtype: str = "bfloat16"):
         import torch
 
         from escrag.models import load_causal_lm, load_tokenizer, resolve_device
 
-        self.device = resolve_device(device)
+        self.device, self.dtype = resolve_device(device), dtype
         self.tok, self.lm = load_tokenizer(spec), load_causal_lm(spec, "float32").eval().to(self.device)
         self.tok.padding_side = "right"
         if self.tok.pad_token is None:
@@ -61,7 +73,8 @@ class Backbone:
     def _forward(self, texts: list[str]) -> np.ndarray:
         torch = self._torch
         enc = self.tok(texts, return_tensors="pt", padding=True).to(self.device)
-        with torch.inference_mode(), torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16):
+        with torch.inference_mode(), torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16,
+                                                     enabled=self.dtype == "bfloat16"):
             hs = self.lm.model(**enc, output_hidden_states=True).hidden_states
         mask = enc.attention_mask.unsqueeze(-1).float()
         pooled = [(hs[k].float() * mask).sum(1) / mask.sum(1) for k in self.layers]

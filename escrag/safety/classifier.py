@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from escrag.safety.backbone import Backbone, render
+from escrag.safety.backbone import Backbone, conv_dtype, render
 from escrag.safety.heads import ConversationHead, EmbeddingHead, load_or_fit_conv_head, load_or_fit_head
 from escrag.safety.turns import rule_hits
 from escrag.safety.types import CATEGORIES, FIRM, LEVELS, Hit, RiskAssessment
@@ -80,7 +80,7 @@ class RiskClassifier:
             embedder = run(load_embedder, sc.embedder)
             head = run(load_or_fit_head, sc, embedder)
         if sc.backbone:
-            backbone = run(Backbone, sc.backbone, sc.conv_layers, sc.conv_batch, sc.conv_device)
+            backbone = run(Backbone, sc.backbone, sc.conv_layers, sc.conv_batch, sc.conv_device, conv_dtype(sc))
             conv = run(load_or_fit_conv_head, sc, backbone)
         return cls(sc, embedder, head, run, backbone, conv)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from escrag.safety import heads
-from escrag.safety.backbone import Backbone
+from escrag.safety.backbone import Backbone, conv_dtype
 from escrag.safety.cases import load_cases, resolve_cases
 from escrag.safety.evaluation import (
     embedding_duplicates,
@@ -14,7 +14,7 @@ from escrag.safety.evaluation import (
     near_duplicates,
     shared_turn_sequences,
 )
-from escrag.safety.heads import conv_head_key, fit_conv_arrays, fit_head_arrays, head_key
+from escrag.safety.heads import conv_head_name, fit_conv_arrays, fit_head_arrays, head_key
 
 
 def eval_main(args) -> int:
@@ -48,7 +48,8 @@ def eval_main(args) -> int:
 
 def fit_heads_main(args) -> int:
     """``escrag safety fit-heads [--config FILE]``: fit the config's two heads anew (no cache) and write
-    them to data/safety/heads/, replacing the heads shipped before."""
+    them to data/safety/heads/, replacing the heads shipped before of the same kind (a conversation
+    head read in the other ``safety.conv_dtype`` stays: run once per dtype to ship both)."""
     from escrag.atomic import atomic_file
     from escrag.config import load_config
     from escrag.embed import load_embedder
@@ -56,14 +57,16 @@ def fit_heads_main(args) -> int:
     sc = load_config(args.config, args.override).safety
     tuning = resolve_cases(sc.tuning)
     fitted = {f"safety-head-{head_key(sc, tuning)}": fit_head_arrays(sc, tuning, load_embedder(sc.embedder)),
-             f"safety-conv-{conv_head_key(sc)}": fit_conv_arrays(sc, Backbone(sc.backbone, sc.conv_layers,
-                                                                              sc.conv_batch, sc.conv_device))}
+             conv_head_name(sc, conv_dtype(sc)): fit_conv_arrays(sc, Backbone(sc.backbone, sc.conv_layers, sc.conv_batch,
+                                                                              sc.conv_device, conv_dtype(sc)))}
     heads.HEADS_DIR.mkdir(parents=True, exist_ok=True)
     for name, arrays in fitted.items():
         with atomic_file(heads.HEADS_DIR / f"{name}.npz", "wb", encoding=None) as f:
             np.savez(f, **arrays)
         print(f"wrote {heads.HEADS_DIR / name}.npz")
-    for old in set(heads.HEADS_DIR.glob("*.npz")) - {heads.HEADS_DIR / f"{n}.npz" for n in fitted}:
+    kinds = {n.rsplit("-", 1)[0] for n in fitted}  # safety-head, safety-conv, safety-conv-float32
+    stale = {p for p in heads.HEADS_DIR.glob("*.npz") if p.stem.rsplit("-", 1)[0] in kinds}
+    for old in stale - {heads.HEADS_DIR / f"{n}.npz" for n in fitted}:
         old.unlink()
         print(f"removed {old}")
     return 0

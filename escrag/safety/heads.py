@@ -172,20 +172,22 @@ def fit_conversation_head(cases: list[dict], feats: np.ndarray, c: float) -> Con
 
 
 
-def conv_head_key(sc) -> str:
-    """The cache key of the head for ``sc``: the tuning files' bytes and the settings it depends on."""
+def conv_head_name(sc, dtype: str) -> str:
+    """The name of the head for ``sc`` read in ``dtype`` (the backbone's resolved ``conv_dtype``): its
+    key hashes the tuning files' bytes and the settings it depends on. A float32 head is named apart;
+    a bfloat16 one keeps the name it had before ``conv_dtype`` existed, so shipped heads still load."""
     h = hashlib.sha256()
     for p in fit_cases(sc)[0]:
         h.update(p.read_bytes())
     h.update(f"{CONV_HEAD_VERSION}|{sc.backbone}|{sc.conv_layers}|{sc.conv_c}".encode())
-    return h.hexdigest()[:16]
+    return f"safety-conv-{'float32-' if dtype == 'float32' else ''}{h.hexdigest()[:16]}"
 
 
 def load_or_fit_conv_head(sc, backbone: Backbone) -> ConversationHead:
     """The head for ``safety.conv_tuning`` / ``backbone`` / ``conv_layers`` / ``conv_c``: shipped
     (``head_file``), else fitted now (one backbone pass over the fit cases: ~1.5 min
     on 2 cores) and cached under $ESCRAG_CACHE."""
-    with np.load(head_file(f"safety-conv-{conv_head_key(sc)}", lambda: fit_conv_arrays(sc, backbone))) as z:
+    with np.load(head_file(conv_head_name(sc, backbone.dtype), lambda: fit_conv_arrays(sc, backbone))) as z:
         return ConversationHead(z["mean"], z["scale"], z["weight"], z["bias"])
 
 
