@@ -184,3 +184,25 @@ def test_a_resumed_run_keeps_its_prompt_order(tmp_path):
     assert orl.dataset_states(cfg, list(range(10)), scheme=1) == old[:8]
     prompts.with_suffix(".meta.json").write_text('{"sampler_scheme": 2}\n')
     assert orl.sampler_scheme(cfg, resume=True) == 2
+
+
+def _submit_commands():
+    """Every ``ray job submit`` command written in the README and docs, continuation lines joined."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8").replace("\\\n", " ")
+        for line in text.splitlines():
+            if "ray job submit" in line and " -- " in line:
+                yield doc.name, line[line.index("ray job submit"):]
+
+
+def test_documented_submits_ask_the_entrypoint_for_no_gpu():
+    """Issue 24, finding 1: a GPU held by the job's driver leaves OpenRLHF's placement group (which
+    asks for every GPU of the preset) waiting forever. Only a driver-only ``--until sft`` job may
+    take one."""
+    commands = list(_submit_commands())
+    assert len(commands) >= 4, commands
+    for doc, cmd in commands:
+        head, entry = cmd.split(" -- ", 1)
+        gpus = re.search(r"--entrypoint-num-gpus[ =]([0-9.]+)", head)
+        if gpus and float(gpus.group(1)) > 0:
+            assert "--until sft" in entry, f"{doc}: {cmd}"
