@@ -171,6 +171,7 @@ def test_shipped_heads_are_the_default_configs_and_are_used():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # reads 3,235 cases once per dtype: ~30 min on a loaded 2-core CPU
 def test_fit_heads_reproduces_the_shipped_heads(tmp_path, monkeypatch):
     """``escrag safety fit-heads`` into another folder: the same files, whose probabilities on round 6's
     dev half match the shipped heads' (embeddings differ in the last bits with the thread count)."""
