@@ -66,3 +66,31 @@ def test_idiom_is_not_high_and_keeps_the_model_reply(client):
     assert extra["risk"] != "high", extra
     text = resp.choices[0].message.content
     assert "999" not in text and "Samaritans" not in text
+
+
+def test_passive_ideation_gets_the_model_reply_and_a_gentle_note(client):
+    """``safety.elevated_note`` (on by default): at elevated the model's reply stays and one sentence
+    naming where help is (uk: Samaritans) follows it, streamed the same."""
+    messages = _msgs("Sometimes I think everyone would be better off without me.")
+    resp = client.chat.completions.create(model="counselor", messages=messages, temperature=0.0)
+    extra, text = resp.model_extra["escrag"], resp.choices[0].message.content
+    assert extra["risk"] == "elevated", extra
+    reply, _, note = text.rpartition("\n\n")
+    assert "Samaritans" in note and "116 123" in note and note.count(".") == 1, text
+    assert "999" not in text  # a pointer, not the emergency reply
+    chunks = list(client.chat.completions.create(model="counselor", messages=messages, temperature=0.0,
+                                                 stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
+def test_elevated_note_off_leaves_the_reply_alone():
+    from escrag.config import load_config
+    from escrag.safety.reply import with_note
+    from escrag.safety.types import RiskAssessment
+
+    sc = load_config("configs/cpu-test.yaml", ["safety.locale=us"]).safety
+    elevated = RiskAssessment("elevated", ["suicide"])
+    assert "988" in with_note("I hear you.", elevated, sc).split("\n\n")[1]
+    assert with_note("I hear you.", RiskAssessment("none"), sc) == "I hear you."
+    off = load_config("configs/cpu-test.yaml", ["safety.elevated_note=false"]).safety
+    assert with_note("I hear you.", elevated, off) == "I hear you."

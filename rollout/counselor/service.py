@@ -12,8 +12,8 @@ from escrag.config import Config
 from escrag.errors import UserError
 from escrag.llm.endpoint import ChatEndpoint
 from escrag.safety.classifier import RiskClassifier
-from escrag.safety.reply import safety_reply
-from escrag.safety.types import with_answer
+from escrag.safety.reply import safety_reply, with_note
+from escrag.safety.types import LEVELS, with_answer
 from rollout.counselor.protocol import ChatCompletionRequest, CounselorAnswer, EscragInfo, Usage
 from rollout.engines.base import SamplingParams
 from rollout.episode import answer, as_scheduler, engine_chat
@@ -46,7 +46,8 @@ class CounselorService:
         """Safety first: the conversation is assessed before anything is generated, and at high risk
         the answer is the safety reply with no model text anywhere (nothing is generated); otherwise
         the model's reply is assessed too (as one more turn of the conversation), and a high-risk
-        reply is replaced the same way. The checks run off the event loop."""
+        reply is replaced the same way; at elevated (conversation or reply) the reply is followed by the
+        gentle note of ``safety.elevated_note``. The checks run off the event loop."""
         history = req.history()
         self.check(history)
         risk = await asyncio.to_thread(self.classifier.assess, history)
@@ -60,7 +61,8 @@ class CounselorService:
             return self._safety_answer(after, usage, "the model's reply read as high risk and was withheld")
         info = EscragInfo(think=ans["think"], initial=ans["initial"], exemplars=ans["exemplars"],
                           output=ans["output"], format_ok=ans["format_ok"], **risk.to_dict())
-        return CounselorAnswer(text=ans["response"], finish_reason=usage.get("finish_reason", "stop"),
+        level = max(risk, after, key=lambda a: LEVELS.index(a.level))
+        return CounselorAnswer(text=with_note(ans["response"], level, self.cfg.safety), finish_reason=usage.get("finish_reason", "stop"),
                                escrag=info, usage=self._usage(usage))
 
     def _safety_answer(self, risk, usage: dict, note: str | None = None) -> CounselorAnswer:
