@@ -314,7 +314,10 @@ class CounselorConfig:
     """``escrag serve counselor``: request limits and the remote-endpoint client."""
 
     max_body_bytes: Int = _f(1 << 20, "larger requests get 413 at once", ge=1024)
-    max_history_chars: Int = _f(100_000, "longer conversations get 400 before any generation", ge=1)
+    max_history_chars: Int = _f(100_000, "longer conversations get 400 before any generation (their last "
+                                "turns within it are checked for a crisis first)", ge=1)
+    max_queue: Int = _f(64, "requests answered at once; more get 503 with Retry-After", ge=1)
+    retry_after_s: Int = _f(2, "the Retry-After of a 503", ge=1)
     endpoint: EndpointConfig = _sub(EndpointConfig, "--endpoint: limits, retries and prices of the remote model "
                                     "(its URL, model and key come from flags)")
 

@@ -6,8 +6,10 @@ category, and a reply that names where to get help now in the UK (999, Samaritan
 reply is the same text. An idiom ("this exam is killing me") is not high and keeps the model's reply.
 Run: .venv/bin/python -m pytest -q tests/test_counselor_safety.py"""
 
+import httpx
 import openai
 import pytest
+from openai_double import OpenAIDouble, Reply
 
 from escrag.web.procs import ServerProcess
 
@@ -33,14 +35,34 @@ CONVERSATIONS = {  # category -> (conversation, words the reply must contain)
 }
 
 
+GUARD_WORDS = "purple elephant protocol"  # only the guard double reads this as a crisis
+
+
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, tiny_model, safety_cache):
-    server = ServerProcess("counselor", ["counselor", "--policy", tiny_model, "--no-rag", *ARGS],
+def guard():
+    """A guard model (a TEST DOUBLE): Llama Guard's answers on chat ("unsafe\\nS11" for GUARD_WORDS, else
+    "safe"); its /v1/moderations has no script, so every moderation call fails (HTTP 400) and the
+    embedded verdict must stay in force: every other test here runs with that failing half."""
+    with OpenAIDouble().on("unsafe", GUARD_WORDS, default=Reply(content="unsafe\nS11")) \
+            .on("safe", r"(?s).", default=Reply(content="safe")) as double:
+        yield double
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model, safety_cache, guard):
+    args = [*ARGS, "-o", f"safety.guard.chat_url={guard.base_url}", "-o", "safety.guard.chat_model=llama-guard",
+            "-o", f"safety.guard.moderation_url={guard.base_url}"]
+    server = ServerProcess("counselor", ["counselor", "--policy", tiny_model, "--no-rag", *args],
                            tmp_path_factory.mktemp("counselor-safety"), timeout=600)
     try:
-        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.mark.parametrize("category", list(CONVERSATIONS))
@@ -94,3 +116,17 @@ def test_elevated_note_off_leaves_the_reply_alone():
     assert with_note("I hear you.", RiskAssessment("none"), sc) == "I hear you."
     off = load_config("configs/cpu-test.yaml", ["safety.elevated_note=false"]).safety
     assert with_note("I hear you.", elevated, off) == "I hear you."
+
+
+def test_guard_model_lifts_to_high_and_its_failures_are_counted(server, client, guard):
+    """``safety.guard``: the guard's high wins over the embedded check's none (safety reply, no model text);
+    the failing moderation half is counted in /metrics and changed nothing."""
+    messages = _msgs(f"Can you tell me about the {GUARD_WORDS}?")
+    resp = client.chat.completions.create(model="counselor", messages=messages, temperature=0.0)
+    extra = resp.model_extra["escrag"]
+    assert extra["risk"] == "high" and extra["output"] == "" and any("guard" in r for r in extra["reasons"]), extra
+    assert "Samaritans" in resp.choices[0].message.content
+    assert guard.calls["unsafe"] >= 1
+    metrics = httpx.get(f"{server.url}/metrics").text
+    failed = [ln for ln in metrics.splitlines() if ln.startswith("escrag_counselor_guard_failures_total")]
+    assert failed and 'kind="moderation"' in failed[0] and float(failed[0].split()[-1]) >= 1, failed

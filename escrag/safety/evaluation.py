@@ -97,7 +97,11 @@ def evaluate(classifier, cases: list[dict]) -> dict:
     the level they got. ``targets`` says whether each target of docs/safety.md is met."""
     t0 = time.perf_counter()
     assessments = classifier.assess_many([c["messages"] for c in cases])
-    seconds = time.perf_counter() - t0
+    return score(cases, assessments, time.perf_counter() - t0)
+
+
+def score(cases: list[dict], assessments: list, seconds: float) -> dict:
+    """``evaluate``'s report of given assessments (``escrag safety eval --guard`` scores two sets)."""
     high, not_high, misses, flagged = {}, {}, [], []
     for case, a in zip(cases, assessments):
         cat = case["category"]
