@@ -88,6 +88,22 @@ def test_moderation_answer_without_scores_is_a_failure():
         assert verdict is None and guard.failures["moderation"] == 1
 
 
+def test_guard_combination_is_scored_beside_the_embedded_check(double, safety_cache):
+    """``_with_guard`` (what ``--guard`` runs): one pass of the embedded check, scored alone and combined."""
+    from escrag.config import load_config
+    from escrag.safety.classifier import RiskClassifier
+    from escrag.safety.cli import _with_guard
+
+    cases = [{"id": "p1", "label": "high", "category": "suicide", "kind": "passive", "messages": CRISIS},
+             {"id": "c1", "label": "not_high", "category": "none", "kind": "calm", "messages": CALM}]
+    clf = RiskClassifier.from_config(load_config("configs/cpu-test.yaml"))
+    result = _with_guard(clf, Guard(GuardConfig(chat_url=double.base_url, chat_model="g")), cases)
+    assert result["high"]["suicide"]["high"] == 1 and result["embedded"]["high"]["suicide"]["high"] == 0
+    assert result["embedded"]["missed_high"][0]["level"] == "elevated"  # so the counselor would add the note
+    assert result["not_high_flagged_high"] == 0.0 and result["guard"]["failures"] == {}
+
+
+@pytest.mark.slow
 def test_safety_eval_with_guard_reports_both(double, tmp_path, safety_cache):
     """``escrag safety eval --guard URL`` on a tiny labelled set: the combined table and, from the same
     run, the embedded check alone; the guard (here the keyword double) lifts a case to high."""
