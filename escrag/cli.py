@@ -147,6 +147,9 @@ def _safety(sub) -> None:
     p = safety.add_parser("eval", help="confusion table per category on a labelled set (docs/safety.md)")
     p.add_argument("--data", default="eval", help="cases JSONL, or 'eval' / 'tuning' (data/safety/); default eval")
     p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON")
+    p.add_argument("--guard", nargs="?", const="config", default=None, metavar="URL",
+                   help="also score the embedded check combined with a guard model: safety.guard of the config, "
+                        "or URL (up to /v1) as its chat (Llama Guard answers) and moderation endpoint")
     _config_args(p)
     p.set_defaults(func=_lazy("escrag.safety.cli:eval_main"))
     p = safety.add_parser("fit-heads", help="fit the config's heads anew and ship them in data/safety/heads/")

@@ -229,6 +229,28 @@ class RolloutConfig:
 
 
 @_section
+class GuardConfig:
+    """A guard model in the crisis check's path (``escrag.safety.guard``): its level combines with the
+    embedded detector's (the higher wins); a guard that fails leaves the embedded verdict in force."""
+
+    chat_url: Str | None = _f(None, "OpenAI-compatible chat endpoint up to /v1 (a guard such as Llama Guard "
+                              "served by vLLM, or any chat model); None: no chat guard")
+    chat_model: Str = _f("", 'the "model" field of the chat guard\'s requests')
+    chat_kind: Literal["llama_guard", "levels"] = _f(
+        "llama_guard", 'llama_guard: it answers "safe" / "unsafe\\nS11"; levels: any chat model, asked to '
+        'answer "none" / "elevated" / "high" and a category')
+    moderation_url: Str | None = _f(None, "OpenAI-moderations-shaped endpoint up to /v1 (POST /v1/moderations); "
+                                    "None: none")
+    moderation_model: Str = _f("omni-moderation-latest", 'the "model" field of the moderation requests')
+    moderation_high: Float = _f(0.5, "a self-harm or violence score -> high", gt=0.0, le=1.0)
+    moderation_elevated: Float = _f(0.2, "... -> elevated", gt=0.0, le=1.0)
+    api_key_env: Str | None = _f(None, "environment variable holding the guard's key; None: no Authorization")
+    timeout_s: Float = _f(10.0, "total time of one attempt", gt=0.0)
+    retries: Int = _f(1, "further attempts after connection errors, timeouts, 429 and 5xx", ge=0)
+    max_concurrency: Int = _f(8, "requests in flight per endpoint", ge=1)
+
+
+@_section
 class SafetyConfig:
     """The crisis check (escrag/safety/, docs/safety.md): rules, a sentence head, a conversation head."""
     embedder: Str = _f("packaged:minilm", "the head's embedder; the numbers below are set for all-MiniLM-L6-v2")
@@ -245,6 +267,9 @@ class SafetyConfig:
     locale: Literal["international", "us", "uk", "ie", "ca", "au", "eu"] = _f(
         "international", "whose crisis, emergency, abuse and poison lines the safety reply lists")
     help_text: Str | None = _f(None, "where to get help, in your own words; replaces the locale's lines")
+    elevated_note: Bool = _f(True, "at elevated risk one gentle sentence naming where help is (safety.locale) "
+                             "follows the model's reply in the counselor, never replacing it")
+    guard: GuardConfig = _sub(GuardConfig, "a guard model whose verdict combines with the embedded detector's")
     rollout_metric: Bool = _f(True, "GRPO steps report risk_high_frac / risk_elevated_frac over their rollouts")
     # The conversation head (escrag/safety/heads.py): a softmax regression over a language model's hidden
     # states of the whole conversation; the numbers below were chosen on round 6's dev half
@@ -289,7 +314,10 @@ class CounselorConfig:
     """``escrag serve counselor``: request limits and the remote-endpoint client."""
 
     max_body_bytes: Int = _f(1 << 20, "larger requests get 413 at once", ge=1024)
-    max_history_chars: Int = _f(100_000, "longer conversations get 400 before any generation", ge=1)
+    max_history_chars: Int = _f(100_000, "longer conversations get 400 before any generation (their last "
+                                "turns within it are checked for a crisis first)", ge=1)
+    max_queue: Int = _f(64, "requests answered at once; more get 503 with Retry-After", ge=1)
+    retry_after_s: Int = _f(2, "the Retry-After of a 503", ge=1)
     endpoint: EndpointConfig = _sub(EndpointConfig, "--endpoint: limits, retries and prices of the remote model "
                                     "(its URL, model and key come from flags)")
 

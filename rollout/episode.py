@@ -35,7 +35,13 @@ from escrag.formats import parse_output, reply_text, response_text
 from escrag.records import Sample, ScoredGroup, TokenSequence
 from escrag.safety.types import level_counts, with_answer
 from escrag.seeds import derive_seed
-from rollout.engines.base import EngineScheduler, Generation, GenerationEngine, SamplingParams
+from rollout.engines.base import (
+    ContextLengthError,
+    EngineScheduler,
+    Generation,
+    GenerationEngine,
+    SamplingParams,
+)
 
 Chat = Callable[[list[dict], int, "int | None"], Awaitable[str]]  # (messages, stage, seed) -> output
 _ACTION = "\u2063ESCRAG-ACTION\u2063"  # stands for ĉ while the chat template renders the feedback turn
@@ -100,6 +106,10 @@ def engine_chat(engine, cfg: Config, params: dict[int, SamplingParams] | None = 
 
     async def chat(messages: list[dict], stage: int, seed: int | None) -> str:
         ids = prompt_ids(sched.tokenizer, messages)
+        if len(ids) >= cfg.rollout.max_seq_len:  # what the engine refuses, in vLLM's words (HTTP 400)
+            raise ContextLengthError(f"This model's maximum context length is {cfg.rollout.max_seq_len} tokens. "
+                                     f"However, your messages resulted in {len(ids)} tokens (stage {stage} prompt). "
+                                     "Please reduce the length of the messages (rollout.max_seq_len).")
         (gen,) = await sched.generate([ids], params[stage], None if seed is None else [seed])
         if usage is not None:
             usage["prompt_tokens"] = usage.get("prompt_tokens", 0) + len(ids)

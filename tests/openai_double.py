@@ -26,6 +26,15 @@ status (``Reply.error(429, retry_after=1)``, ``Reply.error(500)``), a delay befo
 Counts: ``calls[key]`` (every request the rule answered, errors included), ``total``, ``requests``
 (a ``Call`` per request: key, body, arrival time, in arrival order) and ``max_in_flight`` (the most
 requests handled at once). ``reset()`` clears them.
+
+Moderations: ``moderate(scores, replies)`` serves ``POST /v1/moderations`` in OpenAI's shape
+(``results[0].flagged / categories / category_scores``): ``scores`` maps the input text to category
+scores; ``replies`` (e.g. ``Reply.error(500)``, ``Reply(delay_s=5)``) answer first. Counted as ``calls["moderations"]``.
+
+``keyword_guard()`` (and ``python tests/openai_double.py --keyword-guard --port N``) is a guard model
+double: a few keyword patterns answered as Llama Guard answers ("safe" / "unsafe\nS11") on chat and as
+moderation scores on /v1/moderations. It is a TEST DOUBLE, not a guard: numbers measured with it say
+that the combination works, not how a real guard model reads crises.
 """
 
 from __future__ import annotations
@@ -109,6 +118,12 @@ class OpenAIDouble:
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._server = None
         self._thread = None
+        self._scores: Callable[[str], dict] | None = None
+        self._moderation_queue: deque = deque()
+
+    def moderate(self, scores: Callable[[str], dict], replies=()) -> OpenAIDouble:
+        self._scores, self._moderation_queue = scores, deque(replies)
+        return self
 
     # ------------------------------------------------------------------ script
     def on(self, key: str, pattern: str, replies=(), default: Reply | None = None,
@@ -181,6 +196,25 @@ class OpenAIDouble:
                 with self._lock:
                     self.in_flight -= 1
 
+        @app.post("/v1/moderations")
+        async def moderations(request: Request):
+            body = await request.json()
+            with self._lock:
+                self.calls["moderations"] += 1
+                self.requests.append(Call("moderations", body, time.monotonic()))
+                reply = self._moderation_queue.popleft() if self._moderation_queue else None
+            if self._scores is None:
+                return JSONResponse({"error": {"message": "no moderation script"}}, status_code=400)
+            if reply is not None:
+                await asyncio.sleep(reply.delay_s)
+                if reply.status >= 400:
+                    return self._answer(body, reply)
+            scores = {k: float(v) for k, v in self._scores(str(body.get("input", ""))).items()}
+            return {"id": f"modr-{uuid.uuid4().hex[:16]}", "model": body.get("model", "double"),
+                    "results": [{"flagged": any(v >= 0.5 for v in scores.values()),
+                                 "categories": {k: v >= 0.5 for k, v in scores.items()},
+                                 "category_scores": scores}]}
+
         @app.get("/v1/models")
         async def models():
             return {"object": "list", "data": [{"id": "double", "object": "model"}]}
@@ -212,3 +246,45 @@ class OpenAIDouble:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# ---------------------------------------------------------------------- the keyword guard (a test double)
+
+GUARD_KEYWORDS = {  # Llama Guard hazard -> (moderation categories, a few patterns)
+    "S11": (("self-harm", "self-harm/intent"),
+            r"\b(kill(ing)? myself|end (it all|my life)|suicid\w*|better off without me|cut(ting)? myself|"
+            r"overdose|want to die|don'?t want to (be here|live))\b"),
+    "S1": (("violence",), r"\b(kill (him|her|them)|hurt (him|her|them)|(knife|gun)\b.*\b(use|shoot|stab))"),
+}
+
+
+def keyword_scores(text: str) -> dict:
+    scores = {c: 0.01 for cats, _ in GUARD_KEYWORDS.values() for c in cats}
+    for cats, pattern in GUARD_KEYWORDS.values():
+        if re.search(pattern, text, re.I):
+            scores.update({c: 0.9 for c in cats})
+    return scores
+
+
+def _llama_guard_answer(body: dict) -> str:
+    text = "\n".join(m.get("content", "") for m in body.get("messages", []) if m.get("role") == "user")
+    codes = [code for code, (_, pattern) in GUARD_KEYWORDS.items() if re.search(pattern, text, re.I)]
+    return "unsafe\n" + ",".join(codes) if codes else "safe"
+
+
+def keyword_guard() -> OpenAIDouble:
+    """A guard double: Llama Guard's answers on chat, moderation scores on /v1/moderations, by keywords."""
+    return OpenAIDouble().on("guard", r"(?s).", default=Reply(content=_llama_guard_answer)).moderate(keyword_scores)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="serve a test double (tests/openai_double.py)")
+    ap.add_argument("--keyword-guard", action="store_true", required=True, help="the keyword guard double")
+    ap.add_argument("--port", type=int, default=None)
+    a = ap.parse_args()
+    double = keyword_guard()
+    if a.port:
+        double.port, double.base_url = a.port, f"http://127.0.0.1:{a.port}/v1"
+    uvicorn.run(double.app(), host="127.0.0.1", port=double.port, log_level="warning")

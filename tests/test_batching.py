@@ -1,5 +1,5 @@
 """MicroBatcher coalesces concurrent submissions into few batch calls, keeps order, bounds its
-queue and delivers a batch failure to every waiter. Run: .venv/bin/python -m pytest -q tests/test_batching.py"""
+queue, and delivers a failure only to the request whose item caused it. Run: .venv/bin/python -m pytest -q tests/test_batching.py"""
 
 import asyncio
 
@@ -40,3 +40,25 @@ def test_queue_bound_and_errors():
         assert await b.submit([]) == []
 
     asyncio.run(main())
+
+
+def test_one_bad_item_fails_only_its_own_request():
+    """A batch whose call fails is run again item by item: the bad item's request gets the error, the
+    other requests coalesced with it get their results (issue 25: one raw surrogate failed them all)."""
+    calls = []
+
+    def strict(items):
+        calls.append(list(items))
+        if "bad" in items:
+            raise ValueError("cannot read 'bad'")
+        return [x * 2 for x in items]
+
+    async def main():
+        b = MicroBatcher(strict, max_batch=8, max_wait_ms=600_000, max_queue=16)
+        return await asyncio.gather(b.submit([1, 2]), b.submit(["bad"]), b.submit([3]), b.submit([4, 5, 6, 7]),
+                                    return_exceptions=True)
+
+    good1, bad, good2, good3 = asyncio.run(main())
+    assert (good1, good2, good3) == ([2, 4], [6], [8, 10, 12, 14])
+    assert isinstance(bad, ValueError) and "bad" in str(bad)
+    assert calls[0] == [1, 2, "bad", 3, 4, 5, 6, 7] and len(calls) == 9  # the batch, then each item alone

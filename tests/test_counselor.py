@@ -12,6 +12,7 @@ A real reply, its stream and ``/v1/models`` validate against the response models
 Run: .venv/bin/python -m pytest -q tests/test_counselor.py"""
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -245,3 +246,87 @@ def test_safety_comes_first_and_no_model_text_leaks(safety_cache):
         assert llm.calls["driving"] == 1 and bad.escrag.risk == "high" and "crisis line" in bad.text
         assert "pills" not in bad.model_dump_json() and "secret plan" not in bad.model_dump_json()
         assert "withheld" in bad.escrag.reasons[0]
+
+
+def _post(base, body, stream=False):
+    """(status, reply text or error detail, risk or None) of one request, streamed or not."""
+    if not stream:
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300)
+        if r.status_code != 200:
+            return r.status_code, r.json()["detail"], None
+        return 200, r.json()["choices"][0]["message"]["content"], r.json()["escrag"]["risk"]
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as s:
+        s.read()
+        if s.status_code != 200:
+            return s.status_code, s.json()["detail"], None
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line and line != "data: [DONE]"]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    return 200, text, events[-1]["escrag"]["risk"]
+
+
+def test_over_long_conversations_get_400_unless_in_crisis(urls):
+    """Past the engine's context (rollout.max_seq_len 1024 in cpu-test) a conversation gets 400 in
+    vLLM's words, not a 500. A crisis in a conversation past either limit still gets the safety reply
+    (the check comes first; past counselor.max_history_chars on the last characters within it), and
+    streaming answers the same. The crisis comes first in the long conversation: after a long
+    repetitive turn the conversation head vetoes it (a detector gap, docs/safety.md)."""
+    base, tired = urls["counselor"], "I am so tired of everything at work. " * 160  # ~1,600 tokens
+    calm = [{"role": "user", "content": tired}]
+    crisis = [{"role": "user", "content": CRISIS}, {"role": "assistant", "content": "I'm listening."}, *calm]
+    huge = [{"role": "user", "content": CRISIS * 1_500}]  # ~102,000 characters: its last 100,000 are read
+    for stream in (False, True):
+        status, detail, _ = _post(base, {"messages": calm}, stream)
+        assert status == 400 and "maximum context length is 1024 tokens" in detail, (status, detail)
+        for messages in (crisis, huge):
+            status, text, risk = _post(base, {"messages": messages}, stream)
+            assert status == 200 and risk == "high" and "crisis line" in text, (status, text)
+
+
+def test_numbers_out_of_range_are_4xx_on_all_three_servers(urls, serve):
+    """NaN, Infinity and huge values in numeric fields: 4xx with a detail, never a 5xx."""
+    reward = serve(["reward", "--rule", "length:3"])
+    msg = '{"messages": [{"role": "user", "content": "hi"}], '
+    cases = [(f"{urls['counselor']}/v1/chat/completions", msg + '"temperature": NaN}'),
+             (f"{urls['counselor']}/v1/chat/completions", msg + '"top_p": Infinity}'),
+             (f"{urls['counselor']}/v1/chat/completions", msg + '"max_tokens": 1e400}'),
+             (f"{urls['counselor']}/v1/chat/completions", msg + '"max_tokens": 99999999999999999999}'),
+             (f"{urls['retriever']}/retrieve", '{"queries": ["hi"], "k": NaN}'),
+             (f"{urls['retriever']}/retrieve", '{"queries": ["hi"], "k": 10000000000000000000000}'),
+             (f"{reward}/score", '{"items": [{"history": [{"role": "user", "content": "hi"}], "output": NaN}]}')]
+    for url, body in cases:
+        r = httpx.post(url, content=body.encode(), headers={"content-type": "application/json"}, timeout=60)
+        assert 400 <= r.status_code < 500 and r.json()["detail"], (url, body, r.status_code, r.text[:300])
+
+
+def test_queue_is_bounded_and_the_risk_check_leaves_the_loop_free(tmp_path, safety_cache):
+    """counselor.max_queue=1 over a slow remote model (the scripted double): a second request while one
+    is in progress gets 503 with Retry-After; while the first one's risk check reads ~99,000 characters
+    (seconds of rules), /health still answers at once (the check runs off the event loop)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai_double import OpenAIDouble, Reply
+
+    slow = Reply(content="<think>t</think><response>I hear you.</response>", delay_s=4)
+    with OpenAIDouble().on("any", r".", default=slow) as llm:
+        server = ServerProcess("counselor", ["counselor", "--endpoint", llm.base_url, "--endpoint-model", "m",
+                                             "--no-rag", "--config", "configs/cpu-test.yaml",
+                                             "-o", "counselor.max_queue=1", "-o", "counselor.retry_after_s=3"],
+                               tmp_path, timeout=600)
+        try:
+            url = f"{server.url}/v1/chat/completions"
+            long = {"messages": [{"role": "user", "content": "Work was long and my feet hurt a lot. " * 2_500}]}
+            with ThreadPoolExecutor(1) as pool:
+                first = pool.submit(httpx.post, url, json=long, timeout=300)
+                time.sleep(0.3)
+                health = []
+                while not first.done() and len(health) < 20:
+                    t0 = time.perf_counter()
+                    httpx.get(f"{server.url}/health", timeout=30).raise_for_status()
+                    health.append(time.perf_counter() - t0)
+                    busy = httpx.post(url, json={"messages": MESSAGES}, timeout=30)
+                    assert busy.status_code == 503 and busy.headers["retry-after"] == "3", busy.text
+                    time.sleep(0.2)
+                assert first.result().status_code == 200, first.result().text
+            assert health and max(health) < 1.0, health
+        finally:
+            server.stop()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import numpy as np
 
+from escrag.errors import UserError
 from escrag.safety import heads
 from escrag.safety.backbone import Backbone, conv_dtype
 from escrag.safety.cases import load_cases, resolve_cases
@@ -12,6 +16,7 @@ from escrag.safety.evaluation import (
     evaluate,
     format_report,
     near_duplicates,
+    score,
     shared_turn_sequences,
 )
 from escrag.safety.heads import conv_head_name, fit_conv_arrays, fit_head_arrays, head_key
@@ -26,7 +31,8 @@ def eval_main(args) -> int:
     cfg = load_config(args.config, args.override)
     cases = load_cases(args.data)
     clf = RiskClassifier.from_config(cfg)
-    result = evaluate(clf, cases)
+    guard = _guard(cfg, getattr(args, "guard", None))
+    result = evaluate(clf, cases) if guard is None else _with_guard(clf, guard, cases)
     sc, data = cfg.safety, resolve_cases(args.data).resolve()
     fitted = [resolve_cases(n) for n in [sc.tuning] + (list(sc.conv_tuning) if sc.backbone else [])]
     fitted = [p for p in dict.fromkeys(fitted) if p.resolve() != data]  # every file a head was fitted on
@@ -40,10 +46,46 @@ def eval_main(args) -> int:
     result.update(data=str(data), config={k: getattr(sc, k) for k in (
         "head", "head_high", "embedder", "backbone", "conv_tuning", "conv_high", "conv_confirm", "conv_elevated")})
     print(format_report(result, str(resolve_cases(args.data))))
+    if "embedded" in result:
+        print("\nthe embedded check alone (same run):\n" + format_report(result["embedded"], str(data)))
     if args.json:
         write_json(args.json, result)
         print(f"\nwrote {args.json}")
     return 0
+
+
+def _guard(cfg, guard: str | None):
+    """The guard ``--guard`` names: None without the flag; ``safety.guard``, or a URL serving both protocols."""
+    from escrag.safety.guard import Guard
+
+    if guard is None:
+        return None
+    if guard != "config":
+        gc = replace(cfg.safety.guard, chat_url=guard, moderation_url=guard,
+                     chat_model=cfg.safety.guard.chat_model or "guard")
+        cfg = replace(cfg, safety=replace(cfg.safety, guard=gc))
+    found = Guard.from_config(cfg.safety)
+    if found is None:
+        raise UserError("--guard: safety.guard names no chat_url or moderation_url (give --guard URL or set them)")
+    return found
+
+
+def _with_guard(clf, guard, cases: list[dict]) -> dict:
+    """The combined check's report, with the embedded check's of the same assessments under ``embedded``."""
+    from escrag.safety.guard import combine
+
+    t0 = time.perf_counter()
+    histories = [c["messages"] for c in cases]
+    embedded = clf.assess_many(histories)
+    t1 = time.perf_counter()
+    verdicts = guard.assess_all(histories)
+    t2 = time.perf_counter()
+    result = score(cases, [combine(e, g) for e, g in zip(embedded, verdicts)], t2 - t0)
+    gc = guard.gc
+    result.update(embedded=score(cases, embedded, t1 - t0), guard={
+        "chat_url": gc.chat_url, "chat_kind": gc.chat_kind, "moderation_url": gc.moderation_url,
+        "failures": dict(guard.failures), "ms_per_conversation": round(1000 * (t2 - t1) / max(len(cases), 1), 2)})
+    return result
 
 
 def fit_heads_main(args) -> int:

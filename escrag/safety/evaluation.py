@@ -1,7 +1,8 @@
 """The crisis check against a labelled set, and the tuning/evaluation split.
 
 Owns: ``evaluate`` (per-category confusion of the high boundary: high cases caught, not-high cases
-flagged high), ``format_report`` (the table, with the targets of docs/safety.md), the separation
+flagged high, and ``not_high_noted``: not-high cases at elevated, which the counselor answers with the
+help note of ``safety.elevated_note``), ``format_report`` (the table, with the targets of docs/safety.md), the separation
 checks between two sets of cases (``shared_turn_sequences``: equal normalised turn runs;
 ``near_duplicates``: character n-gram overlap of the client text; ``embedding_duplicates``: cosine of
 the embedded client text), used by the separation test and printed by the report, and ``main``. The report exits 0 whether or not the targets are met; the JSON is written
@@ -96,7 +97,11 @@ def evaluate(classifier, cases: list[dict]) -> dict:
     the level they got. ``targets`` says whether each target of docs/safety.md is met."""
     t0 = time.perf_counter()
     assessments = classifier.assess_many([c["messages"] for c in cases])
-    seconds = time.perf_counter() - t0
+    return score(cases, assessments, time.perf_counter() - t0)
+
+
+def score(cases: list[dict], assessments: list, seconds: float) -> dict:
+    """``evaluate``'s report of given assessments (``escrag safety eval --guard`` scores two sets)."""
     high, not_high, misses, flagged = {}, {}, [], []
     for case, a in zip(cases, assessments):
         cat = case["category"]
@@ -122,6 +127,7 @@ def evaluate(classifier, cases: list[dict]) -> dict:
     return {
         "cases": len(cases), "high_cases": sum(r["cases"] for r in high.values()), "not_high_cases": n_not,
         "high": high, "not_high": not_high, "not_high_flagged_high": round(rate, 4),
+        "not_high_noted": round(sum(r["elevated"] for r in not_high.values()) / max(n_not, 1), 4),
         "targets": {"recall_per_category": TARGET_RECALL, "not_high_flagged_high": TARGET_FLAGGED,
                     "recall_met": recall_ok, "flagged_met": rate <= TARGET_FLAGGED,
                     "all_met": all(recall_ok.values()) and len(recall_ok) == len(CATEGORIES) and rate <= TARGET_FLAGGED},
@@ -151,7 +157,9 @@ def format_report(result: dict, data: str) -> str:
         if r:
             lines.append(f"  {c:<16}{r['cases']:>6}{r['high']:>6}{r['elevated']:>10}{r['none']:>6}")
     ok = "met" if t["flagged_met"] else "MISSED"
-    lines += [f"  flagged high: {100 * result['not_high_flagged_high']:.1f}%  {ok}", "",
+    lines += [f"  flagged high: {100 * result['not_high_flagged_high']:.1f}%  {ok}",
+              f"  elevated (the counselor adds the help note, safety.elevated_note): "
+              f"{100 * result['not_high_noted']:.1f}%", "",
               "all targets met" if t["all_met"] else "targets NOT all met"]
     for m in result["missed_high"]:
         lines.append(f"  missed  {m['id']} ({m['category']}, {m['kind']}): {m['level']}")

@@ -1,5 +1,6 @@
-"""What the client reads at high risk: ``safety_reply`` (a supportive opening and where to get help
-now in ``safety.locale``) and ``help_lines``."""
+"""What the client reads when the check finds risk: ``safety_reply`` at high risk (a supportive opening
+and where to get help now in ``safety.locale``), ``with_note`` at elevated risk (the model's reply, then
+one gentle sentence naming where help is: ``safety.elevated_note``), and ``help_lines``."""
 
 from __future__ import annotations
 
@@ -67,3 +68,18 @@ def safety_reply(reply: str, assessment: RiskAssessment, sc) -> str:
     cats = assessment.categories or ["suicide"]
     opening = OPENING[cats[0]]
     return f"{opening} {help_lines(cats, sc)} I'm here with you, and we can keep talking while you reach out."
+
+
+def elevated_note(sc) -> str:
+    """One gentle sentence naming where help is, in ``sc.locale`` (or ``sc.help_text``)."""
+    opening = "If things ever feel like too much, you don't have to face them alone"
+    if sc.help_text:
+        return f"{opening}. {sc.help_text}"
+    return f"{opening}: {HELP[sc.locale][0]} is there to listen, any time."
+
+
+def with_note(reply: str, assessment: RiskAssessment, sc) -> str:
+    """``reply`` followed by ``elevated_note`` at elevated risk when ``sc.elevated_note`` is on; else ``reply``."""
+    if assessment.level != "elevated" or not sc.elevated_note:
+        return reply
+    return f"{reply.rstrip()}\n\n{elevated_note(sc)}"

@@ -5,6 +5,7 @@ batch function (embedding for the retriever, scoring for the reward server). A b
 holds ``max_batch`` items or ``max_wait_ms`` has passed since its first item; the batch function runs
 in a worker thread so the event loop keeps accepting requests meanwhile. The queue is bounded:
 ``submit`` raises ``QueueFull`` beyond ``max_queue`` waiting items (servers answer 503 + Retry-After).
+A batch whose call fails is run again item by item, so one bad item fails only its own request.
 The three limits are the caller's (its config section: ``retriever.*`` or ``reward.*``); none has a default.
 """
 
@@ -72,18 +73,32 @@ class MicroBatcher:
     async def _run(self) -> None:
         while True:
             batch = await self._collect()
-            items = [item for item, _ in batch]
-            try:
-                results = await asyncio.to_thread(self.fn, items)
-                if len(results) != len(items):
-                    raise RuntimeError(f"batch function returned {len(results)} results for {len(items)} items")
-            except Exception as exc:  # deliver the failure to every waiting request
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
+            if not await self._deliver(batch):
                 continue
-            if self.on_batch:
-                self.on_batch(len(items))
-            for (_, fut), res in zip(batch, results):
+            for one in batch:  # one bad item must not fail the others: each alone fails only its own future
+                await self._deliver([one])
+
+    async def _call(self, items: list[Any]) -> Sequence[Any]:
+        results = await asyncio.to_thread(self.fn, items)
+        if len(results) != len(items):
+            raise RuntimeError(f"batch function returned {len(results)} results for {len(items)} items")
+        return results
+
+    async def _deliver(self, batch: list[tuple[Any, asyncio.Future]]) -> bool:
+        """Run the function on ``batch`` and set its futures: True if it failed and was not delivered
+        (a batch of several: to be retried item by item), else False."""
+        try:
+            results = await self._call([item for item, _ in batch])
+        except Exception as exc:
+            if len(batch) > 1:
+                return True
+            for _, fut in batch:
                 if not fut.done():
-                    fut.set_result(res)
+                    fut.set_exception(exc)
+            return False
+        if self.on_batch:
+            self.on_batch(len(batch))
+        for (_, fut), res in zip(batch, results):
+            if not fut.done():
+                fut.set_result(res)
+        return False

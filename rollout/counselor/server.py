@@ -80,6 +80,10 @@ def build_app(service: CounselorService, api_key: str | None = None,
                          max_body_bytes=service.cfg.counselor.max_body_bytes,
                          health=lambda: {"model": model_name, **service.health()})
     risk_counter = metrics.counter("escrag_counselor_risk", "replies by risk level", ["level"])
+    if service.guard is not None:
+        failed = metrics.counter("escrag_counselor_guard_failures", "guard calls that failed (embedded verdict kept)",
+                                 ["kind"])
+        service.guard.on_failure = lambda kind: failed.labels(kind).inc()
 
     @app.get("/v1/models", response_model=ModelList)
     async def models():

@@ -9,11 +9,12 @@ import asyncio
 import dataclasses
 
 from escrag.config import Config
-from escrag.errors import UserError
+from escrag.errors import Overloaded, UserError
 from escrag.llm.endpoint import ChatEndpoint
 from escrag.safety.classifier import RiskClassifier
-from escrag.safety.reply import safety_reply
-from escrag.safety.types import with_answer
+from escrag.safety.guard import Guard, combine
+from escrag.safety.reply import safety_reply, with_note
+from escrag.safety.types import LEVELS, RiskAssessment, with_answer
 from rollout.counselor.protocol import ChatCompletionRequest, CounselorAnswer, EscragInfo, Usage
 from rollout.engines.base import SamplingParams
 from rollout.episode import answer, as_scheduler, engine_chat
@@ -23,45 +24,86 @@ class CounselorService:
     """Answers conversations with a local engine (``engine``) or a remote model (``endpoint``)."""
 
     def __init__(self, cfg: Config, classifier: RiskClassifier, retriever=None, engine=None,
-                 endpoint: ChatEndpoint | None = None):
+                 endpoint: ChatEndpoint | None = None, guard: Guard | None = None):
         if (engine is None) == (endpoint is None):
             raise UserError("give a local policy or a remote endpoint, not both or neither")
         self.cfg, self.classifier, self.retriever = cfg, classifier, retriever
         self.sched = as_scheduler(engine, cfg.rollout.max_batch) if engine is not None else None
         self.endpoint = endpoint
+        self.busy = 0  # requests in progress (counselor.max_queue)
+        self.guard = guard if guard is not None else Guard.from_config(cfg.safety)
 
     def health(self) -> dict:
         version = getattr(getattr(self.sched, "engine", self.sched), "version", None)
         return {"rag": self.retriever is not None, "weights_version": version,
                 "endpoint_model": self.endpoint.cfg.model if self.endpoint else None}
 
-    def check(self, history: list[dict]) -> None:
+    def too_long(self, history: list[dict]) -> str | None:
+        """Why the conversation is over ``counselor.max_history_chars``, or None."""
         limit = self.cfg.counselor.max_history_chars
         size = sum(len(m["content"]) for m in history)
         if size > limit:
-            raise UserError(f"messages: the conversation holds {size} characters, more than this server's "
-                            f"limit of {limit} (counselor.max_history_chars)")
+            return (f"messages: the conversation holds {size} characters, more than this server's "
+                    f"limit of {limit} (counselor.max_history_chars)")
+        return None
+
+    def tail(self, history: list[dict]) -> list[dict]:
+        """The last turns within ``counselor.max_history_chars`` (the last one cut to fit)."""
+        room, out = self.cfg.counselor.max_history_chars, []
+        for m in reversed(history):
+            if room <= 0:
+                break
+            out.append({**m, "content": m["content"][-room:]})
+            room -= len(out[-1]["content"])
+        return out[::-1]
 
     async def respond(self, req: ChatCompletionRequest) -> CounselorAnswer:
         """Safety first: the conversation is assessed before anything is generated, and at high risk
         the answer is the safety reply with no model text anywhere (nothing is generated); otherwise
         the model's reply is assessed too (as one more turn of the conversation), and a high-risk
-        reply is replaced the same way. The checks run off the event loop."""
+        reply is replaced the same way; at elevated (conversation or reply) the reply is followed by the
+        gentle note of ``safety.elevated_note``. The checks run off the event loop. A conversation past
+        ``counselor.max_history_chars`` is checked on its last turns within it, then refused (400) unless
+        high; one past the engine's context is refused by ``engine_chat`` (400, vLLM's wording) after the
+        check. Beyond ``counselor.max_queue`` requests in progress: 503 with Retry-After."""
+        cc = self.cfg.counselor
+        if self.busy >= cc.max_queue:
+            raise Overloaded(f"counselor overloaded: {self.busy} requests in progress (counselor.max_queue "
+                             f"{cc.max_queue}); retry shortly", retry_after=cc.retry_after_s)
+        self.busy += 1
+        try:
+            return await self._respond(req)
+        finally:
+            self.busy -= 1
+
+    async def _respond(self, req: ChatCompletionRequest) -> CounselorAnswer:
         history = req.history()
-        self.check(history)
-        risk = await asyncio.to_thread(self.classifier.assess, history)
-        if risk.level == "high":
+        too_long = self.too_long(history)
+        risk = await self.assess(self.tail(history) if too_long else history)
+        if risk.level == "high":  # a crisis gets help even in a conversation too long to answer
             return self._safety_answer(risk, {})
+        if too_long:
+            raise UserError(too_long)
         usage: dict = {}
         ans = await answer(history, self._chat(req, usage), self.retriever, self.cfg,
                            rag=self.retriever is not None, seed=req.seed)
-        after = await asyncio.to_thread(self.classifier.assess, with_answer(history, ans["response"]))
+        after = await self.assess(with_answer(history, ans["response"]))
         if after.level == "high":
             return self._safety_answer(after, usage, "the model's reply read as high risk and was withheld")
         info = EscragInfo(think=ans["think"], initial=ans["initial"], exemplars=ans["exemplars"],
                           output=ans["output"], format_ok=ans["format_ok"], **risk.to_dict())
-        return CounselorAnswer(text=ans["response"], finish_reason=usage.get("finish_reason", "stop"),
+        level = max(risk, after, key=lambda a: LEVELS.index(a.level))
+        return CounselorAnswer(text=with_note(ans["response"], level, self.cfg.safety), finish_reason=usage.get("finish_reason", "stop"),
                                escrag=info, usage=self._usage(usage))
+
+    async def assess(self, history: list[dict]) -> RiskAssessment:
+        """The embedded check (off the event loop) and the guard model (``safety.guard``) side by side;
+        the higher level wins, and a failed guard leaves the embedded verdict."""
+        embedded = asyncio.to_thread(self.classifier.assess, history)
+        if self.guard is None:
+            return await embedded
+        mine, theirs = await asyncio.gather(embedded, self.guard.assess(history))
+        return combine(mine, theirs)
 
     def _safety_answer(self, risk, usage: dict, note: str | None = None) -> CounselorAnswer:
         """The safety reply for ``risk``; the ``escrag`` field carries the assessment and no model text."""

@@ -20,7 +20,12 @@ import asyncio
 import random
 from dataclasses import dataclass
 
+from escrag.errors import UserError
 from escrag.formats import RESPONSE_CLOSE
+
+
+class ContextLengthError(UserError):
+    """A prompt longer than the engine's context (``rollout.max_seq_len``): the caller's input, HTTP 400."""
 
 
 class StaleWeightsError(ValueError):
