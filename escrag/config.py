@@ -283,6 +283,9 @@ class SafetyConfig:
     conv_confirm: Float = _f(0.2, 'rules / sentence head "high" needs at least this, else elevated',
                              ge=0.0, le=1.0)
     conv_elevated: Float = _f(0.5, 'P(high) -> at least "elevated"', gt=0.0, le=1.0)
+    conv_veto_max_turn_chars: Int = _f(1500, "the head may lower the rules' high only when no turn is longer than "
+                                       "this (the tuning cases' longest turn has 1,305 characters): its average "
+                                       "over a long turn dilutes a crisis beside it", ge=1)
     conv_batch: Int = _f(16, "conversations per backbone forward", ge=1)
     conv_dtype: Literal["auto", "float32", "bfloat16"] = _f(
         "auto", "the backbone's compute: auto = bfloat16 autocast where bfloat16 is fast (a GPU, a CPU with AMX "

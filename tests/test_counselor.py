@@ -268,16 +268,17 @@ def test_over_long_conversations_get_400_unless_in_crisis(urls):
     """Past the engine's context (rollout.max_seq_len 1024 in cpu-test) a conversation gets 400 in
     vLLM's words, not a 500. A crisis in a conversation past either limit still gets the safety reply
     (the check comes first; past counselor.max_history_chars on the last characters within it), and
-    streaming answers the same. The crisis comes first in the long conversation: after a long
-    repetitive turn the conversation head vetoes it (a detector gap, docs/safety.md)."""
+    streaming answers the same, with the crisis before or after a long turn (after it, the
+    conversation head's average had vetoed it: safety.conv_veto_max_turn_chars)."""
     base, tired = urls["counselor"], "I am so tired of everything at work. " * 160  # ~1,600 tokens
     calm = [{"role": "user", "content": tired}]
-    crisis = [{"role": "user", "content": CRISIS}, {"role": "assistant", "content": "I'm listening."}, *calm]
+    listening = {"role": "assistant", "content": "I'm listening."}
+    first, last = [{"role": "user", "content": CRISIS}, listening, *calm], [*calm, listening, {"role": "user", "content": CRISIS}]
     huge = [{"role": "user", "content": CRISIS * 1_500}]  # ~102,000 characters: its last 100,000 are read
     for stream in (False, True):
         status, detail, _ = _post(base, {"messages": calm}, stream)
         assert status == 400 and "maximum context length is 1024 tokens" in detail, (status, detail)
-        for messages in (crisis, huge):
+        for messages in (first, last, huge):
             status, text, risk = _post(base, {"messages": messages}, stream)
             assert status == 200 and risk == "high" and "crisis line" in text, (status, text)
 

@@ -329,6 +329,18 @@ def test_a_later_turn_cannot_talk_an_earlier_risk_away(clf):
     assert len(read) == 1 and read[0][-1]["content"] == "ok"  # the earlier prefixes were read above
 
 
+def test_a_long_turn_before_a_crisis_cannot_veto_it(clf):
+    """Averaged over a long conversation, a crisis in its last turn is diluted (one ordinary turn
+    repeated 160 times took the head's P(high) to 0.00 and lowered the rules' high to elevated: issue
+    25's counselor tests found it). Past ``conv_veto_max_turn_chars`` (longer than any tuning case's
+    turn) the head is read outside what it was fitted on: it may raise but not lower the rules' high."""
+    crisis = "I've decided to end my life tonight. I already have the pills ready."
+    long = _user("I am so tired of everything at work. " * 160, "I'm listening.", crisis)
+    assert clf.assess(long).level == "high"
+    calm = _user("I am so tired of everything at work. " * 160, "I'm listening.", "Anyway, thanks for listening.")
+    assert clf.assess(calm).level != "high"
+
+
 def test_backbone_features_do_not_depend_on_the_batch():
     """A conversation's features are the same alone and padded in a batch of longer ones (right
     padding, pooled over its own tokens only)."""

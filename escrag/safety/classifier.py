@@ -26,17 +26,22 @@ def _assessment(hits: list[Hit]) -> RiskAssessment:
 
 
 
-def with_conversation(a: RiskAssessment, p: np.ndarray, sc, best: np.ndarray | None = None) -> RiskAssessment:
+def with_conversation(a: RiskAssessment, p: np.ndarray, sc, best: np.ndarray | None = None,
+                      longest_turn: int = 0) -> RiskAssessment:
     """Layer 5 over the level of layers 1-4 (``a``), given the conversation head's [6] probabilities
     (not high, then CATEGORIES) for the whole conversation, the ``safety`` config section, and the
     probabilities of its prefix with the highest P(high) (default ``p``). That prefix decides whether
     1-4's high is confirmed, so a later turn cannot talk an earlier risk away (averaged over the
-    whole conversation, a few odd words at the end took a stated overdose plan from P 0.84 to 0.00)."""
+    whole conversation, a few odd words at the end took a stated overdose plan from P 0.84 to 0.00).
+    ``longest_turn``: the conversation's longest turn in characters; past ``conv_veto_max_turn_chars``
+    the head is read outside what it was fitted on and cannot lower 1-4's high (one ordinary turn
+    repeated to 5,900 characters took a crisis after it to P 0.00)."""
     p_high, cat = float(1.0 - p[0]), CATEGORIES[int(np.argmax(p[1:]))]
     best_high = p_high if best is None else float(1.0 - best[0])
     why = f"conversation head p={p_high:.2f} ({cat})" + (f", {best_high:.2f} up to an earlier client turn"
                                                          if best_high > p_high + 0.005 else "")
-    if a.level == "high" and (a.firm or best_high >= sc.conv_confirm):
+    unread = longest_turn > sc.conv_veto_max_turn_chars  # outside what the head was fitted on
+    if a.level == "high" and (a.firm or best_high >= sc.conv_confirm or unread):
         return RiskAssessment("high", a.categories, a.reasons + [why])
     if p_high >= sc.conv_high:
         return RiskAssessment("high", [cat], [why] + a.reasons)
@@ -145,8 +150,9 @@ class RiskClassifier:
                 i += len(sents)
             out.append(_assessment(hits))
         if self.conv is not None and histories:
-            probs = self._conv_probs([self._window(h) for h in histories])
-            out = [with_conversation(a, whole, self.cfg, best) for a, (whole, best) in zip(out, probs)]
+            windows = [self._window(h) for h in histories]
+            out = [with_conversation(a, whole, self.cfg, best, max(len(m.get("content") or "") for m in w))
+                   for a, w, (whole, best) in zip(out, windows, self._conv_probs(windows))]
         return out
 
     def assess(self, history: list[dict]) -> RiskAssessment:
