@@ -353,6 +353,10 @@ class GrpoConfig:
     loss_agg: Literal["token_mean", "seq_mean"] = _f("token_mean", "token_mean: over all trained tokens of the "
                                                      "batch; seq_mean: per sequence, then over sequences (eq. 11)")
     micro_batch_size: Int = _f(4, "sequences per learner forward and backward", ge=1)
+    share_prompt: Bool = _f(True, "learner: a micro-batch holds one group's samples and their common prompt "
+                            "runs once (its KV cache reused by each sample, trainer.policy.prefix_tail_logprobs); "
+                            "False: every sequence in full, micro-batches length-sorted over the batch. Off "
+                            "under policy.gradient_checkpointing")
     updates_per_batch: Int = _f(1, "optimizer passes over each rollout batch", ge=1)
     recompute_old_logprobs: Bool | None = _f(None, "π_old of eq. 10: the learner's own log-probs before its "
                                              "first pass (True) or the rollout's recorded behaviour log-probs "

@@ -122,7 +122,7 @@ def test_gradient_reaches_only_mask_one_tokens(tiny_model):
         seqs.append(TokenSequence(ids, mask, old, spans))
     advs = [1.0, -0.5, 0.8]
     groups = [ScoredGroup("g", [Sample(s, output="", reward=a) for s, a in zip(seqs, advs)], 0)]
-    learner._flatten = lambda _groups: ([(s, a) for s, a in zip(seqs, advs)], 0)  # these advantages as given
+    learner._flatten = lambda _groups: ([[(s, a) for s, a in zip(seqs, advs)]], 0)  # these advantages as given
     learner.step(groups)
     got = _grads(learner)
     ref = Learner(_cfg(tiny_model, "grpo.kl_coef=0"))
@@ -146,13 +146,64 @@ def test_micro_batches_give_the_same_gradient(tiny_model, engine):
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
 
 
+def _two_stage_group(prompt_len=7):
+    """One group of 4 ``p1 + ĉ + feedback + c`` sequences by hand: a common prompt, then ĉ of 2-5
+    tokens (trained), a 3-token feedback turn that differs per sample (masked) and c of 1-6 tokens."""
+    prompt = [(11 * t) % 400 + 1 for t in range(prompt_len)]
+    seqs = []
+    for j, (n1, n2) in enumerate([(2, 6), (5, 1), (3, 4), (4, 3)]):
+        ids = prompt + [(13 * j + 5 * t) % 400 + 2 for t in range(n1 + 3 + n2)]
+        mask = [0] * prompt_len + [1] * n1 + [0] * 3 + [1] * n2
+        seqs.append(TokenSequence(ids, mask, [-1.5 * m for m in mask], [(prompt_len, prompt_len + n1)]))
+    return seqs
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompt_gives_the_same_step(tiny_model, engine, lora):
+    """``grpo.share_prompt`` (the group's prompt once, its KV cache reused): the same loss, KL and
+    gradients as every sequence in full, with the KL term on, for sampled groups (EOS makes their
+    lengths differ) and a hand-made two-stage group whose masked feedback turns differ per sample."""
+    sampled = _groups(engine, [[1.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 1.0]])
+    made = ScoredGroup("two-stage", [Sample(s, output="", reward=r) for s, r in
+                                     zip(_two_stage_group(), [0.3, 1.0, 0.0, 0.6])], 0)
+    over = ["grpo.max_grad_norm=1e9", "grpo.kl_coef=0.1", "policy.lora.enabled=" + str(lora).lower()]
+    runs = {}
+    for share in (False, True):
+        learner = Learner(_cfg(tiny_model, *over, f"grpo.share_prompt={str(share).lower()}"))
+        if lora:  # a trained adapter, so the reference (adapter off) differs from the policy
+            gen = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for n, p in learner.model.named_parameters():
+                    if "lora_B" in n:
+                        p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        runs[share] = (learner.step([*sampled, made]), _grads(learner))
+    (m0, g0), (m1, g1) = runs[False], runs[True]
+    assert m0["kl"] > 1e-6 or not lora
+    assert g0.keys() == g1.keys() and g0
+    for name in g0:
+        assert torch.allclose(g0[name], g1[name], atol=1e-6, rtol=1e-4), name
+    assert (m1["loss"], m1["kl"]) == (pytest.approx(m0["loss"], abs=1e-6), pytest.approx(m0["kl"], abs=1e-7))
+    assert m1["logp_diff"] == pytest.approx(m0["logp_diff"], abs=1e-5)
+
+
+def test_shared_prefix_stops_before_the_first_trained_token():
+    from trainer.policy import shared_prefix
+
+    seqs = [s.input_ids for s in _two_stage_group(prompt_len=7)]
+    assert shared_prefix(seqs, [7] * 4) == 6  # position 6 predicts the first trained token: in the suffix
+    assert shared_prefix(seqs, [3, 7, 7, 7]) == 2
+    assert shared_prefix(seqs[:1], [7]) == 0
+    assert shared_prefix([[1, 2, 3], [1, 9, 3]], [2, 2]) == 1
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_gradient_checkpointing_gives_the_same_step(tiny_model, engine, lora):
     """``policy.gradient_checkpointing``: the same loss, KL and gradients (float32, full fine-tune and
     LoRA), and the layers really are recomputed in the backward pass although the learner is in eval
     mode (each MLP runs once more per micro-batch; transformers skips checkpointing in eval mode)."""
     groups = _groups(engine, [[1.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 1.0]])
-    over = ["grpo.micro_batch_size=3", "grpo.max_grad_norm=1e9", *(["policy.lora.enabled=true"] * lora)]
+    over = ["grpo.micro_batch_size=3", "grpo.max_grad_norm=1e9", "grpo.share_prompt=false",  # calls counted in full
+            *(["policy.lora.enabled=true"] * lora)]
     runs = {}
     for on in (False, True):
         learner = Learner(_cfg(tiny_model, *over, f"policy.gradient_checkpointing={str(on).lower()}"))

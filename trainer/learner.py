@@ -56,7 +56,9 @@ from trainer.policy import (
     eval_mode,
     is_lora,
     lora_merged_weights,
+    prefix_tail_logprobs,
     save_merged,
+    shared_prefix,
     tail_logprobs,
 )
 
@@ -98,41 +100,52 @@ class Learner:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=g.lr, weight_decay=0.0)
         self.temperature, self.recompute, self.decoupled = cfg.rollout.temperature, recompute_old(cfg), decoupled(cfg)
+        self.share = g.share_prompt and not cfg.policy.gradient_checkpointing
 
     # ------------------------------------------------------------------ log-probs
 
     def sequence_logprobs(self, seqs: list[TokenSequence], keep: int, reference: bool = False) -> torch.Tensor:
         """log π(token) over the last ``keep`` positions of each sequence, [B, keep]; the reference
         policy when ``reference`` (no gradient)."""
-        ids, pad = [s.input_ids for s in seqs], self.tokenizer.pad_token_id
         model = self.ref if reference and self.ref is not None else self.model
         with compute(self.cfg.policy, self.model):
             if not reference:
-                return tail_logprobs(model, ids, keep, pad, self.temperature)
+                return self._logprobs(model, seqs, keep)
             with torch.no_grad():
                 if self.ref is None and is_lora(self.model):
                     with self.model.disable_adapter():
-                        return tail_logprobs(model, ids, keep, pad, self.temperature)
-                return tail_logprobs(model, ids, keep, pad, self.temperature)
+                        return self._logprobs(model, seqs, keep)
+                return self._logprobs(model, seqs, keep)
+
+    def _logprobs(self, model, seqs: list[TokenSequence], keep: int) -> torch.Tensor:
+        """The shared-prompt path (``grpo.share_prompt``) when the sequences share a prefix, else
+        every sequence in full."""
+        ids, pad = [s.input_ids for s in seqs], self.tokenizer.pad_token_id
+        shared = shared_prefix(ids, [s.loss_mask.index(1) for s in seqs]) if self.share else 0
+        if shared > 0:
+            return prefix_tail_logprobs(model, ids, keep, shared, pad, self.temperature)
+        return tail_logprobs(model, ids, keep, pad, self.temperature)
 
     # ------------------------------------------------------------------ update
 
-    def _flatten(self, groups: list[ScoredGroup]) -> tuple[list[tuple[TokenSequence, float]], int]:
-        """(sequence, advantage) for every trained sequence of the non-degenerate groups."""
-        items, zero = [], 0
+    def _flatten(self, groups: list[ScoredGroup]) -> tuple[list[list[tuple[TokenSequence, float]]], int]:
+        """(sequence, advantage) for every trained sequence, per non-degenerate group."""
+        per_group, zero = [], 0
         for grp in groups:
             if grp.is_degenerate:
                 zero += 1
                 continue
             adv = group_advantages(torch.tensor([grp.rewards]), self.cfg.grpo.adv_eps)[0].tolist()
-            items += [(s.sequence, a) for s, a in zip(grp.samples, adv) if any(s.sequence.loss_mask)]
-        return items, zero
+            per_group.append([(s.sequence, a) for s, a in zip(grp.samples, adv) if any(s.sequence.loss_mask)])
+        return [g for g in per_group if g], zero
 
-    def _micro_batches(self, items):
-        """Length-sorted micro-batches (less padding); each item keeps its own advantage."""
-        items = sorted(items, key=lambda it: len(it[0].input_ids))
+    def _micro_batches(self, per_group):
+        """Micro-batches of one group each under ``grpo.share_prompt`` (its samples share the prompt),
+        else length-sorted over the batch (less padding); each item keeps its own advantage."""
         mb = self.cfg.grpo.micro_batch_size
-        return [items[i:i + mb] for i in range(0, len(items), mb)]
+        runs = per_group if self.share else [sorted((it for g in per_group for it in g),
+                                                    key=lambda it: len(it[0].input_ids))]
+        return [run[i:i + mb] for run in runs for i in range(0, len(run), mb)]
 
     def _tails(self, batch, keep: int):
         """Loss mask and behaviour log-probs over the last ``keep`` positions (left-padded with 0),
@@ -197,14 +210,15 @@ class Learner:
     def step(self, groups: list[ScoredGroup]) -> dict:
         """One GRPO update on a batch of scored groups; returns the step's metrics."""
         t0 = time.perf_counter()
-        items, zero = self._flatten(groups)
+        per_group, zero = self._flatten(groups)
+        items = [it for g in per_group for it in g]
         metrics = reward_metrics(groups)
         metrics.update(zero_adv_groups=zero, groups=len(groups), trained_sequences=len(items))
         if not items:
             metrics.update(update_s=time.perf_counter() - t0, trained_tokens=0, optimizer_steps=0)
             return metrics
         g = self.cfg.grpo
-        micro = self._micro_batches(items)
+        micro = self._micro_batches(per_group)
         denom = float(sum(sum(s.loss_mask) for s, _ in items)) if g.loss_agg == "token_mean" else float(len(items))
         prepared = [self._prepare(b) for b in micro]
         passes = [self._pass(micro, prepared, denom, first=(i == 0)) for i in range(g.updates_per_batch)]

@@ -15,6 +15,7 @@ engines' dtype once, when exported.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 from pathlib import Path
 
@@ -173,3 +174,56 @@ def tail_logprobs(model, seqs: list[list[int]], keep: int, pad_id: int, temperat
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep + 1,
                    use_cache=False).logits
     return token_logprobs(logits[:, :-1], ids[:, -keep:], temperature)  # position j predicts T - keep + j
+
+
+def _cache_kwarg(model) -> str:
+    """The KV cache's argument (and output) name: ``cache`` from transformers 5.2x, ``past_key_values``
+    before (the GPU check's 5.17)."""
+    lm = model.get_base_model() if is_lora(model) else model
+    return "cache" if "cache" in inspect.signature(type(lm).forward).parameters else "past_key_values"
+
+
+def shared_prefix(seqs: list[list[int]], first_trained: list[int]) -> int:
+    """Tokens every sequence starts with, up to the one before the earliest trained token (whose
+    position predicts it): what ``tail_logprobs`` may run once for a group. 0 when one sequence only."""
+    if len(seqs) < 2:
+        return 0
+    limit = min(min(first_trained) - 1, *(len(s) for s in seqs))
+    head = seqs[0]
+    for i in range(max(limit, 0)):
+        if any(s[i] != head[i] for s in seqs[1:]):
+            return i
+    return max(limit, 0)
+
+
+def prefix_tail_logprobs(model, seqs: list[list[int]], keep: int, shared: int, pad_id: int,
+                         temperature: float = 1.0) -> torch.Tensor:
+    """``tail_logprobs`` for sequences that share their first ``shared`` tokens (a GRPO group's prompt):
+    the prefix runs once (batch 1, with gradient), its KV cache is repeated over the batch and the
+    right-padded suffixes run on it. Same [B, keep] layout; tail positions inside the prefix (never
+    trained: ``shared_prefix`` stops before the first trained token) are 0. Not with gradient
+    checkpointing (a recomputed layer would append to the cache twice)."""
+    device, kw = next(model.parameters()).device, _cache_kwarg(model)
+    out = model(input_ids=torch.tensor([seqs[0][:shared]], device=device), use_cache=True)
+    cache = getattr(out, kw)
+    cache.batch_repeat_interleave(len(seqs))
+    rests = [s[shared:] for s in seqs]
+    S = max(len(r) for r in rests)
+    ids = torch.full((len(seqs), S), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), shared + S), dtype=torch.long)
+    attn[:, :shared] = 1
+    for i, r in enumerate(rests):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        attn[i, shared:shared + len(r)] = 1
+    start = max(0, min(len(s) - min(keep, len(s) - 1) - 1 for s in seqs) - shared)  # first position needed
+    pos = torch.arange(shared, shared + S).expand(len(seqs), S)
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                   use_cache=True, logits_to_keep=S - start, **{kw: cache}).logits  # positions start..S-1
+    targets = torch.cat([ids[:, start + 1:], torch.full((len(seqs), 1), pad_id)], 1).to(device)
+    lp = token_logprobs(logits, targets, temperature)  # [B, S - start]: lp[:, j] predicts suffix token start+j+1
+    rows = []
+    for i, r in enumerate(rests):
+        got = lp[i, :len(r) - 1 - start]  # targets: sequence tokens shared+start+1 .. end
+        got = got[-keep:]
+        rows.append(torch.cat([got.new_zeros(keep - got.shape[0]), got]))
+    return torch.stack(rows)
