@@ -1,10 +1,11 @@
 """Rewards against people: ESConv's human labels on held-out dialogues, and an independent proxy.
 
-    escrag eval labels --config FILE [--rm HEAD_DIR] [--split test] --out labels.json
+    escrag eval labels --config FILE [--rm NAME=HEAD_DIR ...] [--split test] [--answers compare-test.jsonl] --out labels.json
 
 Owns: ``label_items`` (gold counselor turns of held-out dialogues that carry a seeker survey, each
 with another dialogue's turn as a negative in the same history), ``check_scorer`` (how a scorer of
-(history, reply) agrees with those labels) and ``MiniLMProxy`` (the independent proxy, issue 26 item 3).
+(history, reply) agrees with those labels), ``MiniLMProxy`` (the independent proxy, issue 26 item 3)
+and ``judge_answers`` (the proxy's paired verdict on a policy comparison's saved answers, ``--answers``).
 
 The checks, each over held-out dialogues with a bootstrap interval over dialogues:
 - ``empathy`` / ``relevance``: a dialogue's score is the mean score of its gold turns; pairwise
@@ -144,7 +145,23 @@ def rm_scorer(head_dir: str, batch: int = 16):
     return lambda pairs: [x for i in range(0, len(pairs), batch) for x in rm.score(pairs[i:i + batch])[0]]
 
 
-def run_checks(cfg: Config, rms: dict[str, str], split: str, log=print) -> dict:
+def judge_answers(proxy: MiniLMProxy, path: str, cfg: Config) -> dict:
+    """Each policy's mean proxy score of the answers saved by a comparison (``<grpo>/compare-<split>.jsonl``)
+    and the paired difference (second policy minus first), bootstrap intervals over states."""
+    from escrag.data import load_states, read_jsonl
+    from evaluation.compare import block
+
+    records = [obj for _, _, obj in read_jsonl(path, "comparison answers file")]
+    states = {s.state_id: s for split in ("valid", "test") for s in load_states(split)}
+    check_disjoint(proxy.dialogues, {states[r["state_id"]].dialogue_id for r in records})
+    scores = proxy.score([(states[r["state_id"]].history, r["response"]) for r in records])
+    for r, x in zip(records, scores):
+        r["proxy"] = x
+    recs = {n: [r for r in records if r["policy"] == n] for n in dict.fromkeys(r["policy"] for r in records)}
+    return block(recs, "proxy", (cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed))
+
+
+def run_checks(cfg: Config, rms: dict[str, str], split: str, log=print, answers: str | None = None) -> dict:
     """The MiniLM proxy fitted on train, then it and each reward head in ``rms`` checked on ``split``."""
     from escrag.embed import load_embedder
 
@@ -161,6 +178,8 @@ def run_checks(cfg: Config, rms: dict[str, str], split: str, log=print) -> dict:
     for name, head in rms.items():
         log(f"[labels] scoring with {name} ({head})")
         out["scorers"][name] = check_scorer(rm_scorer(head), items, cfg)
+    if answers:
+        out["answers"] = {"file": answers, "minilm_proxy": judge_answers(proxy, answers, cfg)}
     return out
 
 
@@ -171,7 +190,7 @@ def main(args) -> int:
 
     cfg = load_config(args.config, args.override)
     rms = dict(r.split("=", 1) if "=" in r else (r, r) for r in args.rm)
-    res = run_checks(cfg, rms, args.split)
+    res = run_checks(cfg, rms, args.split, answers=args.answers)
     write_json(args.out, res)
     for name, r in res["scorers"].items():
         line = f"{name}: other-dialogue {r['other_dialogue'][0]:.3f} [{r['other_dialogue'][1]:.3f}, {r['other_dialogue'][2]:.3f}]"
@@ -179,4 +198,8 @@ def main(args) -> int:
             a, sp = r[label]["pairwise_accuracy"], r[label]["spearman"]
             line += f"; {label} AUC {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}] Spearman {sp[0]:+.3f} [{sp[1]:+.3f}, {sp[2]:+.3f}]"
         print(line)
+    if "answers" in res:
+        print("MiniLM proxy on the comparison's answers: " + ", ".join(
+            f"{k} {v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}]" for k, v in res["answers"]["minilm_proxy"].items()
+            if isinstance(v, tuple)))
     return 0

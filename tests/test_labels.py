@@ -11,7 +11,14 @@ from scipy.stats import spearmanr
 from escrag.config import load_config
 from escrag.data import load_surveys
 from escrag.errors import UserError
-from evaluation.labels import MiniLMProxy, check_disjoint, check_scorer, label_items, run_checks
+from evaluation.labels import (
+    MiniLMProxy,
+    check_disjoint,
+    check_scorer,
+    judge_answers,
+    label_items,
+    run_checks,
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +70,23 @@ def test_minilm_proxy_fits_on_train_and_is_judged_on_other_dialogues(cfg):
     assert res["other_dialogue"][0] > 0.5  # it learned to tell a reply to this client from another's
     with pytest.raises(UserError, match="held-out"):
         run_checks(cfg, {}, "train")
+    _judges_saved_answers(proxy, held, cfg)
+
+
+def _judges_saved_answers(proxy, held, cfg):
+    """--answers: the proxy's per-policy means and paired difference over a comparison's saved answers."""
+    import json
+    import tempfile
+
+    from escrag.data import load_states
+
+    sid = {(s.dialogue_id, s.target): s.state_id for s in load_states("test")}
+    rows = [{"policy": p, "state_id": sid[(i["dialogue_id"], i["gold"])], "sample": 0,
+             "response": i["gold"] if p == "a" else i["other"]} for p in ("a", "b") for i in held[:20]]
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+    res = judge_answers(proxy, fh.name, cfg)
+    gold = proxy.score([(i["history"], i["gold"]) for i in held[:20]])
+    other = proxy.score([(i["history"], i["other"]) for i in held[:20]])
+    assert res["a"][0] == pytest.approx(np.mean(gold)) and res["b"][0] == pytest.approx(np.mean(other))
+    assert res["delta"][0] == pytest.approx(np.mean(other) - np.mean(gold)) and res["states"] == 20
