@@ -174,6 +174,13 @@ def _eval(sub) -> None:
     r.add_argument("--out", required=True, help="folder of the proxy reward model")
     _config_args(r)
     r.set_defaults(func=_lazy("evaluation.proxy:proxy_rm_main"))
+    lb = ev.add_parser("labels", help="rewards against ESConv's human labels on held-out dialogues; the MiniLM proxy")
+    lb.add_argument("--rm", action="append", default=[], help="NAME=HEAD_DIR of a reward head to check (repeatable)")
+    lb.add_argument("--split", choices=("valid", "test"), default="test")
+    lb.add_argument("--answers", help="also judge a comparison's saved answers (<run>/grpo/compare-<split>.jsonl)")
+    lb.add_argument("--out", required=True, help="the JSON report")
+    _config_args(lb)
+    lb.set_defaults(func=_lazy("evaluation.labels:main"))
 
 
 def _config(sub) -> None:

@@ -456,6 +456,18 @@ class ProxyConfig:
 
 
 @_section
+class LabelsConfig:
+    """Rewards checked against ESConv's human labels, and the independent MiniLM proxy
+    (``evaluation/labels.py``, ``escrag eval labels``)."""
+
+    states_per_dialogue: Int = _f(3, "gold counselor turns scored per held-out dialogue (seeded)", ge=1)
+    high: Int = _f(5, "a seeker rating (empathy / relevance, 1-5) at or above this is high", ge=1, le=5)
+    low: Int = _f(3, "a seeker rating at or below this is low", ge=1, le=5)
+    fit_states_per_dialogue: Int = _f(2, "MiniLM proxy: gold turns per train dialogue it is fitted on", ge=1)
+    proxy_c: Float = _f(1.0, "MiniLM proxy: inverse L2 strength of its logistic regression", gt=0.0)
+
+
+@_section
 class HumanConfig:
     """The blind pairwise human study (``evaluation/human.py``; paper 4.4 and Appendix E)."""
 
@@ -476,6 +488,7 @@ class EvalConfig:
     table2: list[EvalRowConfig] = _f([], "Table 2 rows in order; deltas are against the first row")
     k_sweep: list[Str] = _f([], "RAG systems of one policy with k = 2, 3, 4 (Figure 3)")
     proxy: ProxyConfig = _sub(ProxyConfig, "the offline proxy report")
+    labels: LabelsConfig = _sub(LabelsConfig, "rewards against ESConv's human labels; the MiniLM proxy")
     human: HumanConfig = _sub(HumanConfig, "the blind pairwise human study")
 
 

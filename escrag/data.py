@@ -23,6 +23,8 @@ from escrag.errors import UserError
 SPLITS = ("train", "valid", "test")
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "esconv"
 ROLE_OF_SPEAKER = {"usr": "user", "sys": "assistant"}
+STRATEGIES = ("Question", "Restatement or Paraphrasing", "Reflection of feelings", "Self-disclosure",
+              "Affirmation and Reassurance", "Providing Suggestions", "Information", "Others")  # ESConv's 8
 
 
 class DataError(UserError):
@@ -147,6 +149,21 @@ def load_dialogues(split_or_path: str | Path = "train") -> list[Dialogue]:
     if not dialogues:
         raise DataError(f"{path}: no dialogues")
     return dialogues
+
+
+def load_surveys(split_or_path: str | Path = "test") -> dict[str, dict[str, int]]:
+    """dialogue id -> the seeker's survey (``empathy``, ``relevance``, ``initial_emotion_intensity``,
+    ``final_emotion_intensity``, each 1-5) for the dialogues whose survey has all four as integers."""
+    path = resolve_path(split_or_path)
+    stem = str(split_or_path) if str(split_or_path) in SPLITS else path.stem
+    keys = ("empathy", "relevance", "initial_emotion_intensity", "final_emotion_intensity")
+    out = {}
+    for _, lineno, obj in read_jsonl(path, "ESConv file"):
+        seeker = ((obj.get("survey_score") or {}).get("seeker") or {}) if isinstance(obj, dict) else {}
+        vals = [str(seeker.get(k, "")).strip() for k in keys]
+        if all(v.isdigit() for v in vals):
+            out[f"{stem}-{lineno}"] = dict(zip(keys, map(int, vals)))
+    return out
 
 
 def dialogue_states(d: Dialogue) -> Iterator[DialogueState]:

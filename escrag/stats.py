@@ -1,10 +1,43 @@
-"""``escrag data stats``: dialogues, states, mean turns and strategy distribution per split."""
+"""Statistics: the one home of the project's intervals, and ``escrag data stats``.
+
+Owns: ``bootstrap_ci`` (percentile bootstrap of a mean; a paired comparison passes the per-unit
+differences), ``wilson`` (score interval of a share) and the ``escrag data stats`` command (dialogues,
+states, mean turns and strategy distribution per split).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 
 from escrag.data import SPLITS, split_stats
+
+
+def bootstrap_ci(values, resamples: int, ci: float, seed: int) -> tuple[float, float, float]:
+    """(mean, low, high) of ``values`` [n]; an empty input gives NaNs, one value a zero-width interval."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    tail = (1.0 - ci) / 2 * 100
+    lo, hi = np.percentile(means, [tail, 100 - tail])
+    return float(x.mean()), float(lo), float(hi)
+
+
+def wilson(hits: int, n: int, ci: float) -> tuple[float, float, float]:
+    """(share, low, high): the Wilson score interval of ``hits`` out of ``n`` (NaNs when n is 0)."""
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + ci / 2)
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return p, max(0.0, centre - half), min(1.0, centre + half)
 
 
 def main(args) -> int:

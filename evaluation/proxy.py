@@ -33,7 +33,7 @@ from escrag.atomic import write_json, write_text
 from escrag.cache import JsonlCache, content_key
 from escrag.config import Config, ConfigError
 from escrag.errors import UserError
-from evaluation.tables import bootstrap_ci
+from escrag.stats import bootstrap_ci
 
 LABEL = "Offline proxy, not the paper's judge"
 FINGERPRINT_TURNS = 4  # opening turns compared between train and test dialogues

@@ -1,11 +1,11 @@
 """The judge's tables and figure: Table 1, Table 2 and Figure 3 of the paper, from per-state scores.
 
-Owns: ``bootstrap_ci`` (percentile bootstrap over states), ``score_rows`` (per-system means and
+Owns: ``score_rows`` (per-system means and
 intervals of the seven metrics and their average), the Markdown and CSV writers in the layouts of
 Table 1 (systems x metrics grouped by perspective, plus Avg) and Table 2 (named rows with the change
 of Avg against the first row), and the Figure 3 plot (each metric and the average against k).
 
-Intervals: a state is the unit; the states of a system's valid judgments are resampled with
+Intervals (``escrag.stats.bootstrap_ci``): a state is the unit; the states of a system's valid judgments are resampled with
 replacement ``eval.bootstrap`` times (seeded by ``run.seed``) and the interval is the central
 ``eval.ci`` share of the resampled means. A state's average is the mean of its seven scores; the Avg
 column is the mean of those. Judgments that stayed malformed are left out and counted in the table.
@@ -20,20 +20,9 @@ import numpy as np
 
 from escrag.atomic import atomic_file, write_text
 from escrag.pairs import METRIC_NAMES, METRICS, PERSPECTIVES
+from escrag.stats import bootstrap_ci
 
 COLUMNS = (*METRICS, "Avg")
-
-
-def bootstrap_ci(values, resamples: int, ci: float, seed: int) -> tuple[float, float, float]:
-    """(mean, low, high) of ``values`` [n]; an empty input gives NaNs, one value a zero-width interval."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
-    tail = (1.0 - ci) / 2 * 100
-    lo, hi = np.percentile(means, [tail, 100 - tail])
-    return float(x.mean()), float(lo), float(hi)
 
 
 def score_matrix(records: list[dict]) -> np.ndarray:

@@ -1,14 +1,15 @@
 """The embedded demo that ``make demo`` runs: the pipeline job on the embedded default, then answers.
 
     python -m ray_jobs.demo --config configs/cpu-demo.yaml [-o key=value ...]
-    python -m ray_jobs.demo --config FILE --compare-only   # only the held-out SFT vs GRPO comparison
+    python -m ray_jobs.demo --config FILE --compare-only [--split valid|test]   # only SFT vs GRPO
 
 Owns: what is printed around the pipeline (``ray_jobs.pipeline``: silver pairs -> exemplar index ->
 reward head -> cold-start SFT -> retrieval-augmented GRPO with LoRA, each stage skipped when it is
 up to date, an interrupted GRPO stage resumed from its last checkpoint), then RAG inference with the
 trained policy on held-out test states, printed with their rewards, the reward curve, and the SFT
-and GRPO policies scored on one fixed set of held-out test states with the same seeds (means and
-their paired difference with 95% bootstrap intervals).
+and GRPO policies answering one fixed set of valid or test states with the same seeds, every answer
+saved and scored apart by format, RM (all answers and those parsing in both) and strategy accuracy
+(``evaluation.compare``).
 
 Departures from the paper, for a 2-core CPU in ~20 minutes: SmolLM2-135M instead of Qwen2.5-3B/7B,
 all-MiniLM-L6-v2 instead of bge-m3, ESConv turns instead of ESC-Preference as the exemplar corpus,
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import random
 import sys
 import time
@@ -55,51 +58,74 @@ def show_curve(cfg: Config) -> None:
               f"{r.get('kl', 0):.5f} | {r.get('zero_adv_groups', 0)}")
 
 
-async def _answer_all(cfg: Config, policy: str, states, retriever_url: str, reward_url: str, tag: str = "demo",
-                      samples: int = 1) -> list[tuple[dict, dict]]:
-    """RAG answers of ``policy`` to ``states`` (``samples`` each, seeds from the state and sample
-    index, so two policies get the same seeds) with their reward parts, state-major."""
-    from escrag.seeds import derive_seed
+async def _answer_all(cfg: Config, policy: str, jobs: list, retriever_url: str, reward_url: str) -> list[tuple[dict, dict]]:
+    """RAG answers of ``policy`` to ``jobs`` ((state, seed) pairs) with their reward parts, in order.
+
+    Each answer is decoded alone (an engine of one row): rows sharing a batch change each other's
+    padding and kernel shapes, so their logits, and with them near-tied draws, by a rounding error,
+    and an answer would depend on which other states were asked with it. Alone, it depends only on
+    its state and seed (tests/test_pipeline.py)."""
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
     from rollout.engines import make_engine
     from rollout.episode import answer, engine_chat
 
-    chat = engine_chat(make_engine(cfg, model_spec=policy), cfg)  # one engine: the answers share batches
+    one = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch=1))
+    chat = engine_chat(make_engine(one, model_spec=policy), one)
     retriever, reward = RetrieverClient(retriever_url, cfg.retriever), RewardClient(reward_url, cfg.reward)
-    jobs = [(s, derive_seed(cfg.run.seed, tag, s.state_id, j)) for s in states for j in range(samples)]
     try:
         answers = await asyncio.gather(*(answer(s.history, chat, retriever, cfg, seed=seed) for s, seed in jobs))
-        scores = await reward.score([{"history": s.history, "output": a["output"]} for (s, _), a in zip(jobs, answers)])
+        scores = {"rewards": [], "rm_scores": [], "format_rewards": []}
+        for (s, _), a in zip(jobs, answers):  # one at a time: a score does not depend on its batch either
+            got = await reward.score([{"history": s.history, "output": a["output"]}])
+            for k in scores:
+                scores[k] += got[k]
     finally:
         await retriever.aclose()
         await reward.aclose()
-    parts = [{k: scores[k][i] for k in ("rewards", "rm_scores", "format_rewards")} for i in range(len(jobs))]
+    parts = [{k: scores[k][i] for k in scores} for i in range(len(jobs))]
     return list(zip(answers, parts))
 
 
-def compare_policies(cfg: Config, states, urls: dict) -> dict:
-    """Held-out gain of GRPO over its SFT start: both policies answer the same fixed test states with
-    the same seeds; per state the mean reward (training RM + format) of its answers. Returns each
-    policy's mean and the paired difference, each with a bootstrap interval over states."""
-    from evaluation.tables import bootstrap_ci
+def _risks(cfg: Config, states, answers: list[dict]) -> list[str | None]:
+    """The crisis check's level of each conversation + answer (``safety.rollout_metric``; else None)."""
+    if not cfg.safety.rollout_metric:
+        return [None] * len(answers)
+    from escrag.safety.classifier import RiskClassifier
+    from escrag.safety.types import with_answer
 
-    n, ci = cfg.run.demo_compare_samples, (1000, 0.95, cfg.run.seed)
-    per_state = {}
+    risk = RiskClassifier.from_config(cfg)
+    return [a.level for a in risk.assess_many([with_answer(s.history, x["response"]) for s, x in zip(states, answers)])]
+
+
+def compare_policies(cfg: Config, states, urls: dict, split: str = "test") -> dict:
+    """SFT vs GRPO on ``states`` of ``split``: both policies answer with the same seeds (from the state
+    and sample index only); every answer goes to ``<grpo>/compare-<split>.jsonl`` and the summary
+    (``evaluation.compare.summarize``) is returned."""
+    from escrag.atomic import atomic_file
+    from escrag.seeds import derive_seed
+    from evaluation.compare import answer_records, summarize
+
+    n, records = cfg.run.demo_compare_samples, []
+    jobs = [(s, j, derive_seed(cfg.run.seed, "compare", s.state_id, j)) for s in states for j in range(n)]
     for name, path in (("sft", run_paths(cfg).sft), ("grpo", run_paths(cfg).grpo / "policy")):
-        res = asyncio.run(_answer_all(cfg, str(path), states, urls["retriever"], urls["reward"], "compare", n))
-        rewards = [p["rewards"] for _, p in res]
-        per_state[name] = [sum(rewards[i * n:(i + 1) * n]) / n for i in range(len(states))]
-    delta = [g - s for g, s in zip(per_state["grpo"], per_state["sft"])]
-    return {"states": [s.state_id for s in states], "samples": n, "per_state": per_state,
-            **{k: bootstrap_ci(v, *ci) for k, v in per_state.items()}, "delta": bootstrap_ci(delta, *ci)}
+        res = asyncio.run(_answer_all(cfg, str(path), [(s, seed) for s, _, seed in jobs],
+                                      urls["retriever"], urls["reward"]))
+        answers, parts = [a for a, _ in res], [p for _, p in res]
+        records += answer_records(name, jobs, answers, parts, _risks(cfg, [s for s, _, _ in jobs], answers))
+    with atomic_file(run_paths(cfg).grpo / f"compare-{split}.jsonl") as fh:
+        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    return {"split": split, "states": [s.state_id for s in states], "samples": n,
+            **summarize(records, cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed)}
 
 
-def show_answers(cfg: Config) -> dict | None:
-    """Answers to a few held-out test states, then (``run.demo_compare_states``) SFT vs GRPO scored on
-    a fixed set of them; the comparison goes to ``<grpo>/heldout_compare.json``."""
+def show_answers(cfg: Config, split: str = "test") -> dict | None:
+    """Answers to a few held-out test states, then (``run.demo_compare_states``) SFT vs GRPO on a
+    fixed set of ``split`` states (valid: to choose a recipe; test: once per reported number); the
+    summary goes to ``<grpo>/compare-<split>.json``, every answer beside it (``.jsonl``)."""
     from escrag.atomic import write_json
     from escrag.data import load_states
+    from escrag.seeds import derive_seed
     from ray_jobs.pipeline import grpo_config
     from ray_jobs.services import JobServices
     from ray_jobs.train_grpo import write_resolved_config
@@ -107,21 +133,35 @@ def show_answers(cfg: Config) -> dict | None:
     gcfg = grpo_config(cfg)
     test = load_states(cfg.data.test)
     states = random.Random(cfg.run.seed).sample(test, cfg.run.demo_examples)
-    fixed = random.Random(f"{cfg.run.seed}/compare").sample(test, cfg.run.demo_compare_states)
+    pool = test if split == "test" else load_states(split)
+    fixed = random.Random(f"{cfg.run.seed}/compare").sample(pool, min(cfg.run.demo_compare_states, len(pool)))
     with JobServices(gcfg, write_resolved_config(gcfg), run_paths(cfg).grpo / "logs", need_retriever=True) as svc:
-        results = asyncio.run(_answer_all(cfg, str(run_paths(cfg).grpo / "policy"), states, svc.urls["retriever"],
+        jobs = [(s, derive_seed(cfg.run.seed, "demo", s.state_id, 0)) for s in states]
+        results = asyncio.run(_answer_all(cfg, str(run_paths(cfg).grpo / "policy"), jobs, svc.urls["retriever"],
                                           svc.urls["reward"]))
         _print_answers(states, results)
         if not fixed:
             return None
-        t0 = banner(f"held-out: SFT vs GRPO on {len(fixed)} fixed test states x {cfg.run.demo_compare_samples} "
+        t0 = banner(f"{split}: SFT vs GRPO on {len(fixed)} fixed {split} states x {cfg.run.demo_compare_samples} "
                     "answers (same seeds)")
-        cmp = compare_policies(cfg, fixed, svc.urls)
-    write_json(run_paths(cfg).grpo / "heldout_compare.json", cmp)
-    fmt = "{:+.3f} [{:+.3f}, {:+.3f}]".format
-    print(f"mean reward, 95% bootstrap interval over states:\n  SFT   {fmt(*cmp['sft'])}\n  GRPO  {fmt(*cmp['grpo'])}"
-          f"\n  GRPO - SFT (paired) {fmt(*cmp['delta'])}  ({time.time() - t0:.0f} s)")
+        cmp = compare_policies(cfg, fixed, svc.urls, split)
+    write_json(run_paths(cfg).grpo / f"compare-{split}.json", cmp)
+    _print_compare(cmp)
+    print(f"({time.time() - t0:.0f} s; answers in {run_paths(cfg).grpo / f'compare-{split}.jsonl'})")
     return cmp
+
+
+def _print_compare(cmp: dict) -> None:
+    fmt = "{:+.3f} [{:+.3f}, {:+.3f}]".format
+    rows = [("format rate", "format"), ("RM, all answers", "rm"), ("RM, answers parsing in both", "rm_both_parse"),
+            ("reward (RM + format)", "reward"), ("strategy accuracy", "strategy_hit")]
+    print("95% bootstrap intervals over states; GRPO - SFT paired:")
+    for label, key in rows:
+        c = cmp[key]
+        print(f"  {label:<30} SFT {fmt(*c['sft'])}  GRPO {fmt(*c['grpo'])}  GRPO - SFT (paired) {fmt(*c['delta'])}")
+    sa = cmp["strategy_accuracy"]
+    print("strategy accuracy, Wilson 95% over answers: " + ", ".join(
+        f"{k} {fmt(*v)}" for k, v in sa.items() if isinstance(v, (list, tuple))) + f" (majority: {sa['majority_label']})")
 
 
 def _print_answers(states, results) -> None:
@@ -139,14 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ray_jobs.demo", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/cpu-demo.yaml")
     p.add_argument("-o", "--override", action="append", default=[])
+    p.add_argument("--split", choices=("valid", "test"), default="test",
+                   help="states of the SFT vs GRPO comparison: valid to choose a recipe, test once per reported number")
     p.add_argument("--compare-only", action="store_true",
                    help="skip the pipeline: answer and compare SFT vs GRPO of a finished run of this config")
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.override)
-    return run_main("demo", lambda: show_answers(cfg) and 0 if args.compare_only else run_demo(cfg))
+    return run_main("demo", lambda: show_answers(cfg, args.split) and 0 if args.compare_only else run_demo(cfg, args.split))
 
 
-def run_demo(cfg: Config) -> int:
+def run_demo(cfg: Config, split: str = "test") -> int:
     from ray_jobs.pipeline import run_pipeline
 
     start = time.time()
@@ -157,7 +199,7 @@ def run_demo(cfg: Config) -> int:
     banner("retrieval-augmented GRPO")
     show_curve(cfg)
     t0 = banner("RAG inference on held-out test states")
-    show_answers(cfg)
+    show_answers(cfg, split)
     print(f"({time.time() - t0:.1f} s)")
     times = ", ".join(f"{k} {v.get('seconds', 0):.0f} s" if v["ran"] else f"{k} reused" for k, v in report.items())
     grpo = run_paths(cfg).grpo

@@ -106,23 +106,47 @@ def test_grpo_starts_from_the_sft_weights(run):
         assert torch.equal(p, want[name].to(p.dtype)), name
 
 
-def test_demo_compares_sft_and_grpo_on_fixed_held_out_states(run, ray_session):
-    """The demo's held-out comparison on the finished run: same states and seeds for both policies,
-    a paired difference consistent with the per-state means, written to heldout_compare.json."""
-    out, _ = run
+def _compare(out: Path, ray_address: str, states: int) -> list[dict]:
     cmd = [sys.executable, "-m", "ray_jobs.demo", "--config", "configs/paper-tiny.yaml", "--compare-only",
-           "-o", f"run.output_dir={out}", "-o", "run.demo_examples=1", "-o", "run.demo_compare_states=3",
-           "-o", "run.demo_compare_samples=2", "-o", f"ray.address={ray_session.address}", *QUICK]
+           "-o", f"run.output_dir={out}", "-o", "run.demo_examples=1", "-o", f"run.demo_compare_states={states}",
+           "-o", "run.demo_compare_samples=2", "-o", f"ray.address={ray_address}", *QUICK]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "GRPO - SFT (paired)" in proc.stdout
-    cmp = json.loads((out / "grpo" / "heldout_compare.json").read_text())
-    test_ids = {s.state_id for s in load_states("test")}
-    assert len(cmp["states"]) == 3 and set(cmp["states"]) <= test_ids and cmp["samples"] == 2
-    sft, grpo = cmp["per_state"]["sft"], cmp["per_state"]["grpo"]
-    assert cmp["sft"][0] == pytest.approx(sum(sft) / 3) and cmp["grpo"][0] == pytest.approx(sum(grpo) / 3)
-    assert cmp["delta"][0] == pytest.approx(cmp["grpo"][0] - cmp["sft"][0])
-    assert cmp["delta"][1] <= cmp["delta"][0] <= cmp["delta"][2]
+    path = out / "grpo" / "compare-test.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_demo_compares_sft_and_grpo_on_fixed_held_out_states(run, ray_session):
+    """The demo's held-out comparison on the finished run: same states and seeds for both policies,
+    every answer saved, format / RM / both-parse RM / strategy accuracy each consistent with the saved
+    answers; and an answer depends only on its state and seed: asked again among fewer states, every
+    shared answer and its scores come back bit for bit."""
+    out, _ = run
+    records = _compare(out, ray_session.address, 3)
+    cmp = json.loads((out / "grpo" / "compare-test.json").read_text())
+    test = {s.state_id: s for s in load_states("test")}
+    assert cmp["split"] == "test" and len(cmp["states"]) == 3 and set(cmp["states"]) <= set(test)
+    assert len(records) == 12 and {r["policy"] for r in records} == {"sft", "grpo"}
+    for r in records:
+        assert r["gold_strategies"] == list(test[r["state_id"]].strategies) and len(r["exemplar_ids"]) == 3
+        assert r["format"] == float(bool(r["think"])) and r["reward"] == pytest.approx(r["rm"] + r["format"])
+    sft = {(r["state_id"], r["sample"]): r for r in records if r["policy"] == "sft"}
+    grpo = {(r["state_id"], r["sample"]): r for r in records if r["policy"] == "grpo"}
+    assert {k: r["seed"] for k, r in sft.items()} == {k: r["seed"] for k, r in grpo.items()}
+    assert cmp["rm"]["sft"][0] == pytest.approx(sum(r["rm"] for r in sft.values()) / 6)
+    assert cmp["format"]["grpo"][0] == pytest.approx(sum(r["format"] for r in grpo.values()) / 6)
+    both = [k for k in sft if sft[k]["format"] and grpo[k]["format"]]
+    assert cmp["rm_both_parse"]["answers"] == len(both)
+    for key in ("format", "rm", "reward", "strategy_hit"):
+        assert cmp[key]["delta"][0] == pytest.approx(cmp[key]["grpo"][0] - cmp[key]["sft"][0])
+    assert cmp["strategy_accuracy"]["sft"][0] == pytest.approx(sum(r["strategy_hit"] for r in sft.values()) / 6)
+    again = _compare(out, ray_session.address, 2)
+    shared = {(r["policy"], r["state_id"], r["sample"]): r for r in again}
+    assert len(shared) == 8
+    for r in records:
+        if (r["policy"], r["state_id"], r["sample"]) in shared:
+            assert shared[(r["policy"], r["state_id"], r["sample"])] == r
 
 
 def _groups(engine, n_groups=2, n=4, seed=0):
