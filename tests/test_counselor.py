@@ -201,7 +201,7 @@ def test_openapi_names_the_response_models():
 
     from rollout.counselor.server import build_app
 
-    stub = SimpleNamespace(cfg=load_config("configs/cpu-test.yaml"), health=dict)  # routes are not called
+    stub = SimpleNamespace(cfg=load_config("configs/cpu-test.yaml"), health=dict, guard=None)  # routes are not called
     paths = build_app(stub).openapi()["paths"]
 
     def schema(path, method):
