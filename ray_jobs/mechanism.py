@@ -285,6 +285,18 @@ def print_table(summary: dict, log=print) -> list[str]:
     return lines
 
 
+def write_readme(summary: dict, out: Path, command: str) -> Path:
+    """``<out>/README.md``: the tables, the command and the timings of ``summary``."""
+    secs = summary["seconds"]
+    lines = ["# The mechanism table (docs/mechanism.md)", "", f"    {command}", "",
+             f"Config: {json.dumps(summary['config'])}; SFT loss {summary['sft_loss'][0]:.3f} -> "
+             f"{summary['sft_loss'][1]:.3f}.", *print_table(summary, log=lambda _: None), "",
+             "Timings (s): " + ", ".join(f"{k[:-2]} {v:.0f}" for k, v in secs.items()), ""]
+    path = out / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ray_jobs.mechanism", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/mechanism.yaml")
@@ -295,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     def go() -> int:
         summary = run(cfg, Path(cfg.run.output_dir))
         print_table(summary)
+        write_readme(summary, Path(cfg.run.output_dir), " ".join(["python -m ray_jobs.mechanism", *(argv or sys.argv[1:])]))
         return 0
 
     return run_main("mechanism", go)

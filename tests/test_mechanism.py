@@ -59,7 +59,7 @@ def test_only_a_draft_naming_the_topic_retrieves_its_exemplar():
 
 
 def test_job_runs_end_to_end(tmp_path):
-    from ray_jobs.mechanism import BASELINE, SYSTEMS, print_table, run
+    from ray_jobs.mechanism import BASELINE, SYSTEMS, run, write_readme
 
     cfg = load_config("configs/mechanism.yaml", [
         "sft.max_steps=2", "sft.batch_size=2", "mechanism.sft_examples=4", "grpo.steps=1", "grpo.batch_states=2",
@@ -78,4 +78,5 @@ def test_job_runs_end_to_end(tmp_path):
     answers = [json.loads(ln) for ln in (tmp_path / "answers.jsonl").read_text().splitlines()]
     assert len(answers) == (2 + 5 * 2) * (2 + 3)  # (2 SFT rows + 5 systems x 2 seeds) x (valid + test states)
     assert {a["system"] for a in answers} == set(SYSTEMS)
-    assert any("| escrag-stage1 |" in ln for ln in print_table(saved, log=lambda _: None))
+    readme = write_readme(saved, tmp_path, "python -m ray_jobs.mechanism -o x=1").read_text()
+    assert "| escrag-stage1 |" in readme and "-o x=1" in readme and "Timings" in readme
