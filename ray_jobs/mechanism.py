@@ -33,8 +33,6 @@ from escrag.config import Config, load_config
 from escrag.errors import run_main
 from escrag.formats import format_reward, response_text
 
-EVAL_SPLITS = ("valid", "test")
-
 
 class LocalRetriever:
     """The retriever's search over one table's exemplars, with the client's async interface."""
@@ -167,7 +165,7 @@ def summarize(records: list[dict], cfg: Config) -> dict:
     from escrag.stats import bootstrap_ci
 
     ev, out = cfg.eval, {}
-    for split in EVAL_SPLITS:
+    for split in sorted({r["split"] for r in records}, key=("valid", "test").index):
         rows = [r for r in records if r["split"] == split]
         per = {}  # (system, seed) -> state -> [hits]
         for r in rows:
@@ -212,7 +210,8 @@ def eval_jobs(cfg: Config, split: str) -> list:
             for s in mech.states(split, n, cfg.run.seed) for j in range(mc.eval_samples)]
 
 
-def run(cfg: Config, out: Path, log=print) -> dict:
+def run(cfg: Config, out: Path, splits: tuple[str, ...] = ("valid", "test"), log=print) -> dict:
+    """The whole table; ``splits``: ("valid",) while choosing a recipe, test once for the reported one."""
     from escrag.atomic import write_json
     from escrag.embed import load_embedder
     from trainer.sft import train_sft
@@ -229,11 +228,11 @@ def run(cfg: Config, out: Path, log=print) -> dict:
     sft = train_sft(cfg, out=out / "sft", log=log, examples=sft_examples(cfg, retr[("train", "true")]))
     times["sft_s"] = sft["seconds"]
     records, curves = [], {}
-    jobs = {split: eval_jobs(cfg, split) for split in EVAL_SPLITS}
+    jobs = {split: eval_jobs(cfg, split) for split in splits}
 
     def score(engine, acfg, system, seed):
         _, rag, kind = SYSTEMS[system]
-        for split in EVAL_SPLITS:
+        for split in splits:
             records.extend(score_policy(acfg, engine, system, seed, split, jobs[split], retr[(split, kind)],
                                         rewards[split], rag))
 
@@ -259,7 +258,7 @@ def run(cfg: Config, out: Path, log=print) -> dict:
         fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     times["total_s"] = time.time() - t0
     summary = {"table": summarize(records, cfg), "curves": curves, "sft_loss": [sft["losses"][0], sft["losses"][-1]],
-               "seconds": {k: round(v, 1) for k, v in times.items()}, "worlds": tables,
+               "seconds": {k: round(v, 1) for k, v in times.items()}, "worlds": tables, "splits": list(splits),
                "config": {"grpo_steps": cfg.grpo.steps, "batch_states": cfg.grpo.batch_states,
                           "group_size": cfg.rollout.group_size, "seeds": mc.seeds, "arms": mc.arms,
                           "model": cfg.policy.model, "k": cfg.retriever.k}}
@@ -301,11 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ray_jobs.mechanism", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/mechanism.yaml")
     p.add_argument("-o", "--override", action="append", default=[])
+    p.add_argument("--split", choices=("valid", "test", "both"), default="both",
+                   help="held-out states scored: valid while choosing a recipe, test once for the reported one")
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.override)
 
     def go() -> int:
-        summary = run(cfg, Path(cfg.run.output_dir))
+        splits = ("valid", "test") if args.split == "both" else (args.split,)
+        summary = run(cfg, Path(cfg.run.output_dir), splits)
         print_table(summary)
         write_readme(summary, Path(cfg.run.output_dir), " ".join(["python -m ray_jobs.mechanism", *(argv or sys.argv[1:])]))
         return 0
