@@ -24,8 +24,10 @@ from escrag.prompts import chunk_text
 
 TOPICS = ("exam", "landlord", "sister", "garden", "debt", "wedding", "boss", "dog", "move", "surgery",
           "car", "neighbour")
-CODES = ("zarvok", "quelip", "morbex", "tindral", "vospel", "krandu", "yelmot", "fisquor", "brontal",
-         "glimvar", "dostrel", "pelvani", "hurzim", "sklorva", "wendrix", "jaspoth")
+# One token each (with a leading space) in SmolLM2's tokenizer: copying one is attending to one
+# token. Made-up words of 2-4 tokens were not copied by the tiny SFT start (results/mechanism/README.md).
+CODES = ("apple", "river", "candle", "tiger", "violin", "marble", "anchor", "comet", "pepper", "maple",
+         "falcon", "copper", "lantern", "meadow", "harbor", "velvet")
 TEMPLATES = {
     "train": ("I can't stop worrying about my {t}.", "My {t} has been weighing on me lately.",
               "Everything about my {t} makes me anxious.", "I feel lost when I think about my {t}.",
