@@ -522,6 +522,26 @@ class PrefsConfig:
 
 
 @_section
+class MechanismConfig:
+    """The built-in task where the reward is in the exemplars only (escrag/mechanism.py, docs/mechanism.md)."""
+    train_world: Int = _f(1, "seed of the topic -> code word table of training (index and reward)")
+    valid_world: Int = _f(2, "seed of the valid table (a derangement of train's: memorising train pays nothing)")
+    test_world: Int = _f(3, "seed of the test table (a derangement of train's)")
+    shuffle_seed: Int = _f(7, "seed of the control's index: each topic's exemplar shows another topic's code")
+    valid_states: Int = _f(24, "held-out valid states (topic x held-out message templates)", ge=1)
+    test_states: Int = _f(48, "held-out test states", ge=1)
+    eval_samples: Int = _f(2, "answers per held-out state and policy (same seeds across arms)", ge=1)
+    sft_examples: Int = _f(512, "two-stage demonstrations (draft + final) of the SFT start", ge=1)
+    sft_topic_rate: Float = _f(0.3, "share of demonstration drafts that name the topic (the rest are generic)",
+                               ge=0.0, le=1.0)
+    sft_code_rate: Float = _f(0.5, "share of demonstration drafts that end with a random code word (what "
+                              "Vanilla-GRPO can explore and memorise)", ge=0.0, le=1.0)
+    seeds: list[Int] = _f([0, 1], "training seeds of every arm")
+    arms: list[Str] = _f(["vanilla", "escrag", "escrag-stage1", "shuffled"],
+                         "trained arms (vanilla is also scored with RAG inference)")
+
+
+@_section
 class Config:
     run: RunConfig = _sub(RunConfig, "its name, output folder, seed, server waits and the demo")
     ray: RayConfig = _sub(RayConfig, "the Ray cluster a job starts or joins")
@@ -541,6 +561,7 @@ class Config:
     eval: EvalConfig = _sub(EvalConfig, "the systems under evaluation, their tables, the proxy report and "
                             "the human study")
     prefs: PrefsConfig = _sub(PrefsConfig, "ESC-Preference construction (escrag prefs build)")
+    mechanism: MechanismConfig = _sub(MechanismConfig, "the mechanism task (ray_jobs/mechanism.py)")
 
     def __post_init__(self):
         if self.grpo.backend == "openrlhf":

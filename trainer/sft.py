@@ -120,9 +120,11 @@ def _resolve_demos(cfg: Config, data: str | None) -> tuple[list[dict], str]:
     return bootstrap_demonstrations(states, cfg.sft.num_examples, cfg.run.seed), f"bootstrap:{cfg.data.train}"
 
 
-def train_sft(cfg: Config, data: str | None = None, out: str | Path | None = None, log=print) -> dict:
+def train_sft(cfg: Config, data: str | None = None, out: str | Path | None = None, log=print,
+              examples=None) -> dict:
     """Cold-start SFT; saves a plain model folder at ``out`` (default ``<output_dir>/sft``) and
-    returns a summary {"path", "examples", "steps", "losses", "seconds"}."""
+    returns a summary {"path", "examples", "steps", "losses", "seconds"}. ``examples(tokenizer) ->
+    ([(input_ids, labels)], source)`` replaces the demonstrations (the mechanism task's two stages)."""
     import torch
     from tqdm import tqdm
 
@@ -130,10 +132,13 @@ def train_sft(cfg: Config, data: str | None = None, out: str | Path | None = Non
 
     sc = cfg.sft
     torch.manual_seed(cfg.run.seed)
-    demos, source = _resolve_demos(cfg, data)
     out = Path(out) if out else output_path(cfg, "sft")
     model, tok = build_policy(cfg.policy)
-    encoded = [encode(tok, d, sc.max_length, cfg.data.max_history_turns) for d in demos]
+    if examples is None:
+        demos, source = _resolve_demos(cfg, data)
+        encoded = [encode(tok, d, sc.max_length, cfg.data.max_history_turns) for d in demos]
+    else:
+        encoded, source = examples(tok)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=sc.lr, weight_decay=0.0)
     per_step = sc.batch_size * sc.grad_accum
