@@ -28,6 +28,29 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 
+def _uses_ray(path: str) -> bool:
+    """Whether a test file asks for ``ray_session`` (read from its source: the controller does not collect)."""
+    return "ray_session" in (ROOT / path).read_text()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` runs ``pytest -n 2``: a module's tests stay on one worker (its module fixtures are
+    built once) and every file that uses ``ray_session`` goes to one worker, so Ray still starts once
+    (``ray_session`` fails a second start). xdist's own ``--dist loadgroup`` would do this from marks,
+    but with pytest 9 it drops the group from the node ids it sends, so the grouping is ours."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    if config.getvalue("dist") != "load":
+        return None
+
+    class ModuleOrRay(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if _uses_ray(path) else path
+
+    return ModuleOrRay(config, log)
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """Path of the seeded tiny random Qwen2 (hidden 64, 2 layers, SmolLM2 tokenizer)."""
@@ -96,6 +119,13 @@ def ray_session(tmp_path_factory):
     port, dash = free_port(), free_port()
     tmp = ROOT / ".cache" / "ray"
     tmp.mkdir(parents=True, exist_ok=True)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # set under `pytest -n N` (make test)
+    if run_id:  # a second worker asking for Ray means a Ray test escaped the "ray" group
+        try:
+            os.close(os.open(tmp / f"started-{run_id}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pytest.fail("a second xdist worker would start Ray: a test file uses ray_session without "
+                        "naming it, so pytest_xdist_make_scheduler did not put it with the Ray files")
     log = tmp_path_factory.mktemp("ray") / "head.log"
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
            "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=true",
