@@ -18,6 +18,11 @@ import pytest
 from escrag.web.procs import ServerProcess, free_port  # noqa: F401  (free_port: used by tests)
 
 ROOT = Path(__file__).resolve().parent.parent
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test`: N workers share the cores, so each torch
+    # (and every server or job a test starts, which inherit this) gets its share: on 2 cores, 2 threads
+    # per worker ran the crisis check's backbone 2-3x slower than 1 (threads fighting for cores)
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only head; Ray 2.60 turns token auth on
