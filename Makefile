@@ -35,11 +35,15 @@ demo: install
 	@$(PY) -m ray_jobs.demo --config configs/cpu-demo.yaml
 
 # the slow tests (SmolLM2 end to end, minutes each) are deselected here and run by `make test-all`
+# TEST_WORKERS pytest-xdist workers (tests/conftest.py keeps a module on one worker and every Ray test
+# in one group, so Ray still starts once); TEST_WORKERS=0 runs them in this process, one after another
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 test: install
-	@$(PY) -m pytest -q -m "not slow" tests
+	@$(PY) -m pytest -q -m "not slow" $(XDIST) tests
 
 test-all: install
-	@$(PY) -m pytest -q tests
+	@$(PY) -m pytest -q $(XDIST) tests
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done

@@ -18,6 +18,11 @@ import pytest
 from escrag.web.procs import ServerProcess, free_port  # noqa: F401  (free_port: used by tests)
 
 ROOT = Path(__file__).resolve().parent.parent
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test`: N workers share the cores, so each torch
+    # (and every server or job a test starts, which inherit this) gets its share: on 2 cores, 2 threads
+    # per worker ran the crisis check's backbone 2-3x slower than 1 (threads fighting for cores)
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only head; Ray 2.60 turns token auth on
@@ -26,6 +31,29 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+
+
+def _uses_ray(path: str) -> bool:
+    """Whether a test file asks for ``ray_session`` (read from its source: the controller does not collect)."""
+    return "ray_session" in (ROOT / path).read_text()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` runs ``pytest -n 2``: a module's tests stay on one worker (its module fixtures are
+    built once) and every file that uses ``ray_session`` goes to one worker, so Ray still starts once
+    (``ray_session`` fails a second start). xdist's own ``--dist loadgroup`` would do this from marks,
+    but with pytest 9 it drops the group from the node ids it sends, so the grouping is ours."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    if config.getvalue("dist") != "load":
+        return None
+
+    class ModuleOrRay(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if _uses_ray(path) else path
+
+    return ModuleOrRay(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +124,13 @@ def ray_session(tmp_path_factory):
     port, dash = free_port(), free_port()
     tmp = ROOT / ".cache" / "ray"
     tmp.mkdir(parents=True, exist_ok=True)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # set under `pytest -n N` (make test)
+    if run_id:  # a second worker asking for Ray means a Ray test escaped the "ray" group
+        try:
+            os.close(os.open(tmp / f"started-{run_id}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pytest.fail("a second xdist worker would start Ray: a test file uses ray_session without "
+                        "naming it, so pytest_xdist_make_scheduler did not put it with the Ray files")
     log = tmp_path_factory.mktemp("ray") / "head.log"
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
            "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=true",

@@ -16,7 +16,6 @@ import importlib.util
 import sys
 import types
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -54,10 +53,15 @@ def orl():
     missing = {m for f in ("utils.py", "loss.py") for m in _top_imports(MODELS / f)
                if importlib.util.find_spec(m) is None}
     assert missing == {"deepspeed"}, missing
-    stub = types.ModuleType("deepspeed")
-    with mock.patch.dict(sys.modules, {"deepspeed": stub}):
+    # only the stand-in's own entry is taken back: restoring all of sys.modules (mock.patch.dict) would
+    # also drop the torch modules the two files import, and a later import of those (torch.compile in
+    # another test module on the same process) re-registers them and fails
+    sys.modules["deepspeed"] = types.ModuleType("deepspeed")
+    try:
         utils = _load("openrlhf.models.utils", MODELS / "utils.py")
         loss = _load("openrlhf.models.loss", MODELS / "loss.py")
+    finally:
+        del sys.modules["deepspeed"]
     return types.SimpleNamespace(PolicyLoss=loss.PolicyLoss, aggregate_loss=loss.aggregate_loss,
                                  compute_approx_kl=utils.compute_approx_kl)
 

@@ -64,7 +64,7 @@ def test_no_evaluation_case_is_in_the_tuning_data(clf):
     assert sum(c["label"] == "high" for c in ev) >= 80 and sum(c["label"] == "not_high" for c in ev) >= 80
     assert shared_turn_sequences(ev, tuning) == []  # no equal run of turns (normalised)
     assert near_duplicates(ev, tuning) == []  # no light edit (character 5-grams)
-    assert embedding_duplicates(ev, tuning, clf.embedder.encode) == []  # no paraphrase (MiniLM cosine > 0.95)
+    assert embedding_duplicates(ev, tuning, clf.embedder) == []  # no paraphrase (MiniLM cosine > 0.95)
 
 
 def test_the_head_is_fitted_on_the_tuning_file_only(tmp_path):
@@ -146,7 +146,7 @@ def test_conversation_head_is_fitted_without_round6_dev_groups_and_round7_copies
     assert len(fit) == len(load_cases("tuning")) + len(r6) - len(dev) + len(r7)
     # round 7 was written after the dev half chose round 6's design: none of it may copy a dev case
     assert shared_turn_sequences(dev, r7) == [] and near_duplicates(dev, r7) == []
-    assert embedding_duplicates(dev, r7, load_embedder("packaged:minilm").encode) == []
+    assert embedding_duplicates(dev, r7, load_embedder("packaged:minilm")) == []
 
 
 def test_shipped_heads_are_the_default_configs_and_are_used():
@@ -211,7 +211,38 @@ def test_separation_check_catches_copies_light_edits_and_paraphrases(clf):
     turns = shared_turn_sequences([copied, fresh], tuning)
     assert {a for a, _, _ in turns} == {copied["id"]}
     para = {"id": "p", "messages": _user(tuning[100]["messages"][-1]["content"].replace(".", "!"))}
-    assert [b for _, b, _ in embedding_duplicates([para, fresh], tuning, clf.embedder.encode)] == [tuning[100]["id"]]
+    assert [b for _, b, _ in embedding_duplicates([para, fresh], tuning, clf.embedder)] == [tuning[100]["id"]]
+
+
+def test_separation_embeddings_are_read_back_from_disk_and_a_changed_text_is_embedded_anew(clf, tmp_path,
+                                                                                          monkeypatch):
+    """``embedding_duplicates`` embeds each distinct client text once, keeps the rows under
+    $ESCRAG_CACHE (the separation test and every ``escrag safety eval`` read the same tuning files),
+    and embeds a text again when it changes: the real MiniLM, with the texts it is asked for recorded."""
+    from escrag.safety.evaluation import cached_embeddings
+
+    monkeypatch.setenv("ESCRAG_CACHE", str(tmp_path))
+    asked = []
+
+    class Recorded:  # the fixture's embedder, recording what it is asked to embed
+        name, dim = clf.embedder.name, clf.embedder.dim
+
+        def encode(self, texts):
+            asked.append(list(texts))
+            return clf.embedder.encode(texts)
+
+    pills, boiler = _user("I have the pills counted out for tonight."), _user("The boiler is broken again.")
+    cases = [{"id": "a", "messages": pills}, {"id": "b", "messages": boiler}, {"id": "c", "messages": pills}]
+    assert embedding_duplicates(cases, cases[:2], Recorded()) == [("a", "a", 1.0), ("b", "b", 1.0), ("c", "a", 1.0)]
+    assert asked == [["i have the pills counted out for tonight", "the boiler is broken again"]]  # once each
+    assert len(list((tmp_path / "safety-embeddings").glob("*/*.npz"))) == 1
+    texts = ["the boiler is broken again", "i have the pills counted out for tonight"]
+    np.testing.assert_allclose(cached_embeddings(Recorded(), texts), clf.embedder.encode(texts), atol=1e-5)
+    assert len(asked) == 1  # read back from disk
+    edited = cached_embeddings(Recorded(), ["i have the pills counted out for tomorrow", texts[0]])
+    assert asked[1:] == [["i have the pills counted out for tomorrow"]]  # only the changed text
+    np.testing.assert_allclose(edited, clf.embedder.encode(["i have the pills counted out for tomorrow", texts[0]]),
+                               atol=1e-5)
 
 
 def test_bad_case_files_name_the_line(tmp_path):

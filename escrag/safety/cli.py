@@ -40,7 +40,7 @@ def eval_main(args) -> int:
         fit_on = [c for p in fitted for c in load_cases(p)]
         overlap = near_duplicates(cases, fit_on) + shared_turn_sequences(cases, fit_on)
         if clf.embedder is not None:
-            overlap += embedding_duplicates(cases, fit_on, clf.embedder.encode)
+            overlap += embedding_duplicates(cases, fit_on, clf.embedder)
         result["separation"] = {"tuning": [str(p) for p in fitted], "overlapping_cases": len({a for a, _, _ in overlap}),
                                 "pairs": overlap[:20]}
     result.update(data=str(data), config={k: getattr(sc, k) for k in (

@@ -5,16 +5,22 @@ flagged high, and ``not_high_noted``: not-high cases at elevated, which the coun
 help note of ``safety.elevated_note``), ``format_report`` (the table, with the targets of docs/safety.md), the separation
 checks between two sets of cases (``shared_turn_sequences``: equal normalised turn runs;
 ``near_duplicates``: character n-gram overlap of the client text; ``embedding_duplicates``: cosine of
-the embedded client text), used by the separation test and printed by the report, and ``main``. The report exits 0 whether or not the targets are met; the JSON is written
-atomically.
+the embedded client text, through ``cached_embeddings``: each distinct text embedded once, kept on
+disk), used by the separation test and printed by the report, and ``main``. The report exits 0
+whether or not the targets are met; the JSON is written atomically.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections import Counter, defaultdict
 
+import numpy as np
+
+from escrag.atomic import atomic_file
+from escrag.models import cache_dir, resolve_model
 from escrag.safety.types import CATEGORIES
 
 TARGET_RECALL = 0.95  # per category, of high cases assessed high
@@ -47,15 +53,52 @@ def shared_turn_sequences(cases: list[dict], others: list[dict]) -> list[tuple[s
     return [(c["id"], seen[run], run) for c in cases for run in sorted(turn_sequences(c)) if run in seen]
 
 
-def embedding_duplicates(cases: list[dict], others: list[dict], encode,
+def embedding_duplicates(cases: list[dict], others: list[dict], embedder,
                          threshold: float = 0.95) -> list[tuple[str, str, float]]:
     """(id in ``cases``, id in ``others``, cosine) for each case whose joined client turns embed within
-    ``threshold`` cosine of one in ``others`` (``encode`` gives unit-norm rows): paraphrases."""
-    a, b = encode([case_text(c) for c in cases]), encode([case_text(c) for c in others])
+    ``threshold`` cosine of one in ``others`` (``embedder``: an ``escrag.embed.Embedder``, read through
+    ``cached_embeddings``): paraphrases."""
+    a, b = (cached_embeddings(embedder, [case_text(c) for c in side]) for side in (cases, others))
     sims = a @ b.T
     best = sims.argmax(axis=1)
     return [(c["id"], others[j]["id"], round(float(sims[i, j]), 4))
             for i, (c, j) in enumerate(zip(cases, best)) if sims[i, j] > threshold]
+
+
+def cached_embeddings(embedder, texts: list[str]) -> np.ndarray:
+    """``embedder.encode(texts)``, each distinct text embedded once and kept on disk: a shard per call
+    that had new texts, under $ESCRAG_CACHE/safety-embeddings/<model>/, holding the sha256 of each text
+    and its row (written atomically). A later pass over texts seen before (the separation test, then
+    every ``escrag safety eval`` against the same tuning files) reads them back; a changed text is a
+    new key, embedded anew."""
+    folder = cache_dir() / "safety-embeddings" / _digest(f"{embedder.name}|{resolve_model(embedder.name)}")[:16]
+    keys = [_digest(t) for t in texts]
+    rows = _read_shards(folder, set(keys))
+    todo = {k: t for k, t in zip(keys, texts) if k not in rows}
+    if todo:
+        vecs = embedder.encode(list(todo.values()))
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_file(folder / f"{_digest(''.join(todo))[:16]}.npz", "wb", encoding=None) as f:
+            np.savez(f, keys=np.array(list(todo)), vecs=vecs)
+        rows.update(zip(todo, vecs))
+    return np.stack([rows[k] for k in keys]) if keys else np.zeros((0, embedder.dim), np.float32)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_shards(folder, wanted: set[str]) -> dict[str, np.ndarray]:
+    """The rows of the ``wanted`` keys found in ``folder``'s shards."""
+    found = {}
+    for shard in sorted(folder.glob("*.npz")):
+        with np.load(shard) as z:
+            keys = z["keys"].tolist()
+            hit = [i for i, k in enumerate(keys) if k in wanted]
+            if hit:
+                vecs = z["vecs"]
+                found.update((keys[i], vecs[i]) for i in hit)
+    return found
 
 
 def _grams(text: str, n: int) -> set[str]:
