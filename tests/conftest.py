@@ -6,6 +6,8 @@ dashboard off and its temp folder inside the project; it is shut down at the end
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import subprocess
 import sys
@@ -33,15 +35,39 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 
-def _uses_ray(path: str) -> bool:
-    """Whether a test file asks for ``ray_session`` (read from its source: the controller does not collect)."""
-    return "ray_session" in (ROOT / path).read_text()
+@functools.cache
+def _ray_tests(path: str) -> frozenset[str] | None:
+    """The tests of a file that need the Ray worker, read from its source (the xdist controller does not
+    collect): those whose fixtures (the file's own, followed through) include ``ray_session``, and
+    those sharing one of the file's fixtures with such a test, so a module fixture is built once. None
+    when the file names ``ray_session`` in a way this reading does not follow (the whole file goes)."""
+    src = (ROOT / path).read_text()
+    if "ray_session" not in src:
+        return frozenset()
+    funcs = {n.name: [a.arg for a in n.args.args] for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)}
+    fixtures = {n for n in funcs if not n.startswith("test_")}
+
+    def closure(name: str) -> set[str]:
+        seen, todo = set(), list(funcs[name])
+        while todo:
+            arg = todo.pop()
+            if arg not in seen:
+                seen.add(arg)
+                todo += funcs.get(arg, []) if arg in fixtures else []
+        return seen
+
+    uses = {t: closure(t) for t in funcs if t.startswith("test_")}
+    ray = {t for t, c in uses.items() if "ray_session" in c}
+    if not ray:
+        return None
+    shared = set().union(*(uses[t] for t in ray)) & fixtures
+    return frozenset(ray | {t for t, c in uses.items() if c & shared})
 
 
 def pytest_xdist_make_scheduler(config, log):
     """``make test`` runs ``pytest -n 2``: a module's tests stay on one worker (its module fixtures are
-    built once) and every file that uses ``ray_session`` goes to one worker, so Ray still starts once
-    (``ray_session`` fails a second start). xdist's own ``--dist loadgroup`` would do this from marks,
+    built once) and every test that needs ``ray_session`` goes to one worker (``_ray_tests``), so Ray
+    still starts once (``ray_session`` fails a second start). xdist's own ``--dist loadgroup`` would do this from marks,
     but with pytest 9 it drops the group from the node ids it sends, so the grouping is ours."""
     from xdist.scheduler import LoadScopeScheduling
 
@@ -50,8 +76,11 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ModuleOrRay(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "ray" if _uses_ray(path) else path
+            path, _, rest = nodeid.partition("::")
+            ray = _ray_tests(path)
+            if ray is None or rest.split("[")[0].split("::")[-1] in ray:
+                return "ray"
+            return path
 
     return ModuleOrRay(config, log)
 
