@@ -20,7 +20,7 @@ import pytest
 from escrag.web.procs import ServerProcess, free_port  # noqa: F401  (free_port: used by tests)
 
 ROOT = Path(__file__).resolve().parent.parent
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test`: N workers share the cores, so each torch
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `TEST_WORKERS=N make test`: N workers share the cores, so each torch
     # (and every server or job a test starts, which inherit this) gets its share: on 2 cores, 2 threads
     # per worker ran the crisis check's backbone 2-3x slower than 1 (threads fighting for cores)
     os.environ.setdefault("OMP_NUM_THREADS",
@@ -65,10 +65,10 @@ def _ray_tests(path: str) -> frozenset[str] | None:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``make test`` runs ``pytest -n 2``: a module's tests stay on one worker (its module fixtures are
+    """``TEST_WORKERS=N make test`` runs ``pytest -n N``: a module's tests stay on one worker (its module fixtures are
     built once) and every test that needs ``ray_session`` goes to one worker (``_ray_tests``), so Ray
-    still starts once (``ray_session`` fails a second start). xdist's own ``--dist loadgroup`` would do this from marks,
-    but with pytest 9 it drops the group from the node ids it sends, so the grouping is ours."""
+    still starts once (``ray_session`` fails a second start). xdist's own ``--dist loadgroup`` would do
+    this from marks, but with pytest 9 it drops the group from the node ids it sends."""
     from xdist.scheduler import LoadScopeScheduling
 
     if config.getvalue("dist") != "load":
@@ -153,13 +153,13 @@ def ray_session(tmp_path_factory):
     port, dash = free_port(), free_port()
     tmp = ROOT / ".cache" / "ray"
     tmp.mkdir(parents=True, exist_ok=True)
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # set under `pytest -n N` (make test)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # set under `pytest -n N` (TEST_WORKERS=N make test)
     if run_id:  # a second worker asking for Ray means a Ray test escaped the "ray" group
         try:
             os.close(os.open(tmp / f"started-{run_id}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
-            pytest.fail("a second xdist worker would start Ray: a test file uses ray_session without "
-                        "naming it, so pytest_xdist_make_scheduler did not put it with the Ray files")
+            pytest.fail("a second xdist worker would start Ray: a test reaches ray_session in a way "
+                        "_ray_tests does not read, so the scheduler did not put it on the Ray worker")
     log = tmp_path_factory.mktemp("ray") / "head.log"
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
            "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=true",
