@@ -29,9 +29,39 @@ import time
 from pathlib import Path
 
 from escrag import mechanism as mech
-from escrag.config import Config, load_config
+from escrag.config import Config, load_config, to_dict
 from escrag.errors import run_main
 from escrag.formats import format_reward, response_text
+
+
+class Parts:
+    """The job's finished parts (the SFT start, each policy's scored answers) under ``<out>/parts/``, each
+    written atomically when done and read back by a rerun with the same config and splits, so a crash
+    loses at most the part under way. A rerun with another config stops with a message instead of
+    mixing the two."""
+
+    def __init__(self, folder: Path, key: dict, log=print):
+        from escrag.atomic import write_json
+        from escrag.config import ConfigError
+
+        self.folder, self.log = folder, log
+        stamp = folder / "config.json"
+        if stamp.exists() and json.loads(stamp.read_text()) != json.loads(json.dumps(key)):
+            raise ConfigError(f"{folder} holds parts of a run with another config or splits: choose another "
+                              f"run.output_dir, or delete {folder} to start over")
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(stamp, key)
+
+    def get(self, name: str, make) -> dict:
+        from escrag.atomic import write_json
+
+        path = self.folder / f"{name}.json"
+        if path.exists():
+            self.log(f"[mechanism] {name}: read back from {path}")
+            return json.loads(path.read_text())
+        part = make()
+        write_json(path, part)
+        return part
 
 
 class LocalRetriever:
@@ -225,35 +255,43 @@ def run(cfg: Config, out: Path, splits: tuple[str, ...] = ("valid", "test"), log
             for split, t in tables.items() for kind in ("true", "shuffled")}
     rewards = {split: LocalReward(t) for split, t in tables.items()}
     times["setup_s"] = time.time() - t0
-    sft = train_sft(cfg, out=out / "sft", log=log, examples=sft_examples(cfg, retr[("train", "true")]))
+    parts = Parts(out / "parts", {"config": to_dict(cfg), "splits": list(splits)}, log)
+    sft = parts.get("sft", lambda: train_sft(cfg, out=out / "sft", log=log,
+                                             examples=sft_examples(cfg, retr[("train", "true")])))
     times["sft_s"] = sft["seconds"]
     records, curves = [], {}
     jobs = {split: eval_jobs(cfg, split) for split in splits}
 
-    def score(engine, acfg, system, seed):
+    def score(engine, acfg, system, seed) -> list[dict]:
         _, rag, kind = SYSTEMS[system]
-        for split in splits:
-            records.extend(score_policy(acfg, engine, system, seed, split, jobs[split], retr[(split, kind)],
-                                        rewards[split], rag))
+        return [r for split in splits for r in score_policy(acfg, engine, system, seed, split, jobs[split],
+                                                            retr[(split, kind)], rewards[split], rag)]
 
     from rollout.engines import make_engine
 
-    t = time.time()
-    engine = make_engine(cfg, model_spec=sft["path"], seed=cfg.run.seed)
-    for system in ("sft", "sft+rag"):
-        score(engine, cfg, system, None)
-    times["eval_sft_s"] = time.time() - t
+    def eval_sft() -> dict:
+        t, engine = time.time(), make_engine(cfg, model_spec=sft["path"], seed=cfg.run.seed)
+        recs = [r for system in ("sft", "sft+rag") for r in score(engine, cfg, system, None)]
+        return {"records": recs, "seconds": time.time() - t}
+
+    part = parts.get("eval-sft", eval_sft)
+    records += part["records"]
+    times["eval_sft_s"] = part["seconds"]
     for arm in mc.arms:
         for seed in mc.seeds:
-            t = time.time()
-            acfg = arm_config(cfg, arm, seed)
-            kind = "shuffled" if arm == "shuffled" else "true"
-            log(f"[mechanism] {arm}, seed {seed}: {cfg.grpo.steps} GRPO steps")
-            engine, curves[f"{arm}/{seed}"] = train_arm(acfg, sft["path"], retr[("train", kind)], rewards["train"], log)
-            times[f"train_{arm}_{seed}_s"] = time.time() - t
-            for system in (s for s, (a, _, _) in SYSTEMS.items() if a == arm):
-                score(engine, acfg, system, seed)
-            times[f"arm_{arm}_{seed}_s"] = time.time() - t
+            def train_and_score(arm=arm, seed=seed) -> dict:
+                t, acfg = time.time(), arm_config(cfg, arm, seed)
+                kind = "shuffled" if arm == "shuffled" else "true"
+                log(f"[mechanism] {arm}, seed {seed}: {cfg.grpo.steps} GRPO steps")
+                engine, curve = train_arm(acfg, sft["path"], retr[("train", kind)], rewards["train"], log)
+                trained = time.time() - t
+                recs = [r for s, (a, _, _) in SYSTEMS.items() if a == arm for r in score(engine, acfg, s, seed)]
+                return {"records": recs, "curve": curve, "train_s": trained, "seconds": time.time() - t}
+
+            part = parts.get(f"arm-{arm}-{seed}", train_and_score)
+            records += part["records"]
+            curves[f"{arm}/{seed}"] = part["curve"]
+            times[f"train_{arm}_{seed}_s"], times[f"arm_{arm}_{seed}_s"] = part["train_s"], part["seconds"]
     with open(out / "answers.jsonl", "w") as fh:
         fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     times["total_s"] = time.time() - t0

@@ -58,13 +58,16 @@ def test_only_a_draft_naming_the_topic_retrieves_its_exemplar():
     assert len({h[0]["id"] for h in generic}) == 1
 
 
-def test_job_runs_end_to_end(tmp_path):
+TINY = ["sft.max_steps=2", "sft.batch_size=2", "mechanism.sft_examples=4", "grpo.steps=1", "grpo.batch_states=2",
+        "rollout.group_size=2", "rollout.max_new_tokens_stage1=8", "rollout.max_new_tokens_stage2=8",
+        "mechanism.valid_states=2", "mechanism.test_states=3", "mechanism.eval_samples=1", "mechanism.seeds=[0,1]"]
+
+
+def test_job_runs_end_to_end_and_resumes_from_its_parts(tmp_path):
+    from escrag.config import ConfigError
     from ray_jobs.mechanism import BASELINE, SYSTEMS, run, write_readme
 
-    cfg = load_config("configs/mechanism.yaml", [
-        "sft.max_steps=2", "sft.batch_size=2", "mechanism.sft_examples=4", "grpo.steps=1", "grpo.batch_states=2",
-        "rollout.group_size=2", "rollout.max_new_tokens_stage1=8", "rollout.max_new_tokens_stage2=8",
-        "mechanism.valid_states=2", "mechanism.test_states=3", "mechanism.eval_samples=1", "mechanism.seeds=[0,1]"])
+    cfg = load_config("configs/mechanism.yaml", TINY + [f"run.output_dir={tmp_path}"])
     summary = run(cfg, tmp_path)
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["table"] == json.loads(json.dumps(summary["table"]))
@@ -80,3 +83,16 @@ def test_job_runs_end_to_end(tmp_path):
     assert {a["system"] for a in answers} == set(SYSTEMS)
     readme = write_readme(saved, tmp_path, "python -m ray_jobs.mechanism -o x=1").read_text()
     assert "| escrag-stage1 |" in readme and "-o x=1" in readme and "Timings" in readme
+
+    # a crash during the last arm: the rerun reads every finished part back and redoes only that one,
+    # with the same answers bit for bit
+    first = (tmp_path / "answers.jsonl").read_bytes()
+    (tmp_path / "parts" / "arm-shuffled-1.json").unlink()
+    logged = []
+    run(cfg, tmp_path, log=logged.append)
+    read_back = [ln for ln in logged if "read back" in ln]
+    assert len(read_back) == 1 + 1 + 4 * 2 - 1, logged  # sft, its scores, every arm and seed but the lost one
+    assert not any("arm-shuffled-1: read back" in ln for ln in logged) and any("shuffled, seed 1" in ln for ln in logged)
+    assert (tmp_path / "answers.jsonl").read_bytes() == first
+    with pytest.raises(ConfigError, match="another config"):
+        run(load_config("configs/mechanism.yaml", TINY + [f"run.output_dir={tmp_path}", "grpo.lr=1.0e-4"]), tmp_path)
