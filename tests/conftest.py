@@ -105,6 +105,17 @@ def safety_cache() -> None:
 
 
 @pytest.fixture(scope="session")
+def esconv_index(tmp_path_factory) -> Path:
+    """A 40-chunk exemplar index over ESConv train (``escrag index build --source esconv --limit 40``),
+    built once for the tests that serve a retriever over it; they only read it."""
+    from escrag import cli
+
+    out = tmp_path_factory.mktemp("esconv-index") / "index"
+    assert cli.main(["index", "build", "--source", "esconv", "--out", str(out), "--limit", "40"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_model):
     from escrag.models import load_tokenizer
 

@@ -31,18 +31,17 @@ CRISIS = "I've decided to end my life tonight. I already have the pills ready."
 
 
 @pytest.fixture(scope="module")
-def urls(tmp_path_factory, tiny_model, safety_cache):
-    """Retriever and counselor processes, started once for this module (conftest's helpers)."""
+def urls(tmp_path_factory, tiny_model, safety_cache, esconv_index):
+    """Retriever and counselor processes, started once for this module side by side (the counselor
+    reaches its retriever at the first request)."""
     tmp = tmp_path_factory.mktemp("counselor")
-    subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out",
-                    str(tmp / "index"), "--limit", "40"], check=True, capture_output=True)
     servers = []
     try:
-        servers.append(ServerProcess("retriever", ["retriever", "--index", str(tmp / "index")], tmp))
+        servers.append(ServerProcess("retriever", ["retriever", "--index", str(esconv_index)], tmp, None))
         rurl = servers[-1].url
         servers.append(ServerProcess("counselor", ["counselor", "--policy", tiny_model, "--retriever", rurl,
-                                                   "--config", "configs/cpu-test.yaml", *ARGS], tmp))
-        yield {"retriever": rurl, "counselor": servers[-1].url}
+                                                   "--config", "configs/cpu-test.yaml", *ARGS], tmp, None))
+        yield {name: s.wait(180).url for name, s in zip(("retriever", "counselor"), servers)}
     finally:
         for s in servers:
             s.stop()

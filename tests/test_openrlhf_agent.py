@@ -11,8 +11,6 @@ Run: .venv/bin/python -m pytest -q tests/test_openrlhf_agent.py"""
 import asyncio
 import importlib.util
 import json
-import subprocess
-import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +37,10 @@ OVERRIDES = ["rollout.group_size=3", "rollout.temperature=1.0", "rollout.top_k=0
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+def servers(tmp_path_factory, esconv_index):
     """A retriever over a 40-chunk ESConv-train index and the rule reward server (real processes)."""
     tmp = tmp_path_factory.mktemp("openrlhf-agent-servers")
-    subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out",
-                    str(tmp / "index"), "--limit", "40"], check=True, capture_output=True)
-    procs = [ServerProcess("retriever", ["retriever", "--index", str(tmp / "index")], tmp, None),
+    procs = [ServerProcess("retriever", ["retriever", "--index", str(esconv_index)], tmp, None),
              ServerProcess("reward", ["reward", "--rule", RULE], tmp, None)]
     try:
         yield {p.name: p.wait(180).url for p in procs}
@@ -55,7 +51,7 @@ def servers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    return HFEngine(tiny_model, RolloutConfig(), seed=0)
+    return HFEngine(tiny_model, RolloutConfig(compile=False), seed=0)  # compiling has its own tests
 
 
 def _cfg(*extra):

@@ -46,7 +46,7 @@ def test_paper_tiny_differs_from_paper_3b_only_in_size():
 
 # The CPU engine's compile and the rollout risk metric (the crisis check's SmolLM2 backbone in each
 # rollout worker) have tests of their own (test_engine_continuous, test_rollout); here they would only
-# add minutes to tests about stages.
+# add minutes to tests about stages (the engines built below run uncompiled too).
 QUICK = ["-o", "rollout.compile=false", "-o", "safety.rollout_metric=false"]
 
 
@@ -167,7 +167,7 @@ def test_pushed_weights_equal_the_learners(tiny_model):
     from rollout.engines.hf_engine import HFEngine
     from trainer.learner import Learner
 
-    cfg = load_config("configs/paper-tiny.yaml", ["grpo.lr=1e-3"])
+    cfg = load_config("configs/paper-tiny.yaml", ["grpo.lr=1e-3", "rollout.compile=false"])
     learner, engine = Learner(cfg), HFEngine(tiny_model, cfg.rollout, dtype="bfloat16", seed=0)
     learner.step(_groups(engine))
     engine.load_weights(learner.export_weights(), learner.version)
@@ -190,7 +190,7 @@ def _train(cfg, steps: int, groups) -> dict:
 def test_bfloat16_preset_trains_like_float32_at_lr_1e6(tiny_model):
     from rollout.engines.hf_engine import HFEngine
 
-    groups = _groups(HFEngine(tiny_model, RolloutConfig(), seed=0))
+    groups = _groups(HFEngine(tiny_model, RolloutConfig(compile=False), seed=0))
     steps = 10
     bf16 = _train(load_config("configs/paper-tiny.yaml"), steps, groups)
     fp32 = _train(load_config("configs/paper-tiny.yaml", ["policy.dtype=float32"]), steps, groups)

@@ -372,6 +372,20 @@ def test_a_long_turn_before_a_crisis_cannot_veto_it(clf):
     assert clf.assess(calm).level != "high"
 
 
+def test_a_turn_is_read_for_denial_once_not_once_a_sentence(monkeypatch):
+    """The rules' cost is linear in a turn's length: the denial pattern reads the whole turn once. It
+    was read again for every sentence of the turn (the head's caps), so a 99,000-character message
+    cost ~19 s of rules in the counselor's crisis check instead of ~0.1 s."""
+    from escrag.safety import rules
+    from escrag.safety.turns import rule_hits
+
+    read, denial = [], rules.denial
+    monkeypatch.setattr(rules, "denial", lambda turn: read.append(len(turn)) or denial(turn))
+    _, sentences = rule_hits(_user("I am so tired. " * 300 + "I would never do it."))
+    assert len(sentences) == 301 and len(read) == 1
+    assert all("denial" in caps for _, _, caps in sentences)  # every sentence of a denying turn is capped
+
+
 def test_backbone_features_do_not_depend_on_the_batch():
     """A conversation's features are the same alone and padded in a batch of longer ones (right
     padding, pooled over its own tokens only)."""

@@ -192,12 +192,9 @@ def test_job_restarts_a_killed_reward_server_and_sends_the_api_key(ray_session, 
     assert all(0.0 <= r["reward_mean"] <= 2.0 for r in rows)
 
 
-def test_job_restarts_a_killed_retriever(ray_session, tmp_path):
-    index = tmp_path / "index"
-    subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out", str(index),
-                    "--limit", "40"], cwd=ROOT, check=True, capture_output=True)
+def test_job_restarts_a_killed_retriever(ray_session, tmp_path, esconv_index):
     rows = _survives(ray_session, tmp_path, "retriever",
-                     ["-o", "rollout.rag=true", "-o", f"retriever.index_dir={index}", "-o", "retriever.k=2"], {})
+                     ["-o", "rollout.rag=true", "-o", f"retriever.index_dir={esconv_index}", "-o", "retriever.k=2"], {})
     assert all(0.0 <= r["stage1_format_mean"] <= 1.0 for r in rows)
 
 
@@ -224,7 +221,7 @@ def test_job_stops_cleanly_when_a_given_service_stays_down(ray_session, tmp_path
     assert state["step"] == done >= 2
 
 
-def test_validation_on_held_out_states(ray_session, tmp_path):
+def test_validation_on_held_out_states(ray_session, tmp_path, esconv_index):
     """``grpo.eval_every``: after every step the job answers the same seeded valid-split states through
     the two-stage path (the job's own retriever and reward servers) and logs mean reward, its format
     and RM parts, the stage-1 format rate and the crisis check's risk shares under ``eval/`` in
@@ -234,10 +231,8 @@ def test_validation_on_held_out_states(ray_session, tmp_path):
     from escrag.data import load_states
     from ray_jobs.train_grpo import eval_states
 
-    index, out = tmp_path / "index", tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out", str(index),
-                    "--limit", "40"], cwd=ROOT, check=True, capture_output=True)
-    extra = ["rollout.rag=true", f"retriever.index_dir={index}", "retriever.k=2", "rollout.max_new_tokens_stage2=8",
+    out = tmp_path / "run"
+    extra = ["rollout.rag=true", f"retriever.index_dir={esconv_index}", "retriever.k=2", "rollout.max_new_tokens_stage2=8",
              "grpo.eval_every=1", "grpo.eval_states=3", "safety.rollout_metric=true", "safety.backbone=null"]
     cmd = _job(out, None, 2) + ["-o", f"ray.address={ray_session.address}", *[a for e in extra for a in ("-o", e)]]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)

@@ -547,11 +547,12 @@ _HEAD_CAPS = {  # sentence contexts in which the embedding head alone never give
 }
 
 
-def head_caps(sentence: str, turn: str) -> set[str]:
-    """Why the head's high is lowered for this sentence: denial, a resolved or distant past, or a
-    benign context (a usual dose, cooking, a breakup, a protective step, venting)."""
+def head_caps(sentence: str, turn_denied: bool) -> set[str]:
+    """Why the head's high is lowered for this sentence: a denial in its turn (``denial(turn)``, read
+    once a turn by the caller), a resolved or distant past, or a benign context (a usual dose, cooking,
+    a breakup, a protective step, venting)."""
     caps = {name for name, pat in _HEAD_CAPS.items() if pat.search(sentence)}
-    if denial(turn):
+    if turn_denied:
         caps.add("denial")
     if (_PAST_STRONG.search(sentence) and not _PRESENT_NOW.search(sentence)) or _RESOLVED.search(sentence):
         caps.add("past")

@@ -168,6 +168,6 @@ def rule_hits(history: list[dict]) -> tuple[list[Hit], list[tuple[int, str, set[
             hits += [dataclasses.replace(h, turn=t) for h in found]
             if asked and any(h.name in ("means", "plan", "timing", "weapon", "act") for h in found):
                 hits.append(Hit(asked, "high", "answer_to_question", t, f"{question[-60:]} {s[:40]}"))
-            sentences.append((t, s, lowered | R.head_caps(s, norm)))
+            sentences.append((t, s, lowered | R.head_caps(s, denied)))
     hits += _combos(hits)
     return hits, sentences
