@@ -107,10 +107,16 @@ def test_kill_and_resume_continue_exactly(ray_session, serve, tmp_path):
     reward_url = serve(["reward", "--rule", "vowels"])
     out, steps, log = tmp_path / "run", 6, tmp_path / "job.log"
     cmd = _job(out, reward_url, steps) + ["-o", f"ray.address={ray_session.address}"]
-    straight = subprocess.run(_job(tmp_path / "straight", reward_url, steps) + ["-o", f"ray.address={ray_session.address}"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    killed_at, rows = _kill_then_resume(cmd, out, log, steps)
+    with (tmp_path / "straight.log").open("w") as fh:  # the uninterrupted run, beside the killed one
+        straight = subprocess.Popen(_job(tmp_path / "straight", reward_url, steps) + ["-o", f"ray.address={ray_session.address}"],
+                                    cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        killed_at, rows = _kill_then_resume(cmd, out, log, steps)
+        assert straight.wait(400) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+    finally:
+        if straight.poll() is None:
+            straight.kill()
+            straight.wait()
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     fresh = StateSampler(5, 2, seed=0)  # the uninterrupted run's data positions
     for r in rows:
