@@ -301,7 +301,7 @@ def test_numbers_out_of_range_are_4xx_on_all_three_servers(urls, serve):
 def test_queue_is_bounded_and_the_risk_check_leaves_the_loop_free(tmp_path, safety_cache):
     """counselor.max_queue=1 over a slow remote model (the scripted double): a second request while one
     is in progress gets 503 with Retry-After; while the first one's risk check reads ~99,000 characters
-    (seconds of rules), /health still answers at once (the check runs off the event loop)."""
+    (about a second), /health still answers at once (the check runs off the event loop)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from openai_double import OpenAIDouble, Reply
