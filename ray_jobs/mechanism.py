@@ -2,14 +2,16 @@
 
     python -m ray_jobs.mechanism --config configs/mechanism.yaml [-o key=value ...]
 
-Owns: the job. One SFT start (a tiny model trained from scratch on two-stage demonstrations of the
-task, ``escrag.mechanism``), then per arm and training seed a GRPO run from it at one budget
+Owns: the job. One SFT start on two-stage demonstrations of the task (``escrag.mechanism``; a tiny
+model from scratch in configs/mechanism.yaml, SmolLM2-135M + LoRA in configs/mechanism-smollm2.yaml), then per arm and training seed a GRPO run from it at one budget
 (``grpo.steps``), then every policy answers the same held-out valid and test states with the same
 seeds. Arms: Vanilla-GRPO (``rollout.rag: false``), scored alone and with RAG inference; ESCRAG-R1
 (the paper's mask: only c trained); ESCRAG-R1 with ``rollout.train_stage1``; and the control, trained
 and scored with shuffled exemplars (each topic's exemplar shows another topic's code). The summary
 (``results/mechanism/summary.json``) has each arm's per-seed means with bootstrap intervals over
-states and each arm's paired difference to Vanilla-GRPO + RAG inference; every answer is saved.
+states and each arm's paired difference to Vanilla-GRPO + RAG inference; every answer is saved. Each
+finished part (the SFT start, each policy's scored answers) is kept under ``<output_dir>/parts/``, so a
+rerun after a crash redoes only the part that was under way (``Parts``).
 
 Departures from the job layout of ``ray_jobs.train_grpo``: the rollout, retriever and reward run in
 this process (``rollout.episode.run_groups`` over the engine, ``RetrieverService.search_batch`` over a
