@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 from escrag import mechanism as mech
-from escrag.config import Config, load_config, to_dict
+from escrag.atomic import write_json
+from escrag.config import Config, ConfigError, load_config, to_dict
 from escrag.errors import run_main
 from escrag.formats import format_reward, response_text
 
@@ -40,12 +41,10 @@ class Parts:
     """The job's finished parts (the SFT start, each policy's scored answers) under ``<out>/parts/``, each
     written atomically when done and read back by a rerun with the same config and splits, so a crash
     loses at most the part under way. A rerun with another config stops with a message instead of
-    mixing the two."""
+    mixing the two (not ``escrag.cache.JsonlCache``: a content-keyed cache would let two configs' runs
+    take turns writing the one ``sft/`` folder their parts point to)."""
 
     def __init__(self, folder: Path, key: dict, log=print):
-        from escrag.atomic import write_json
-        from escrag.config import ConfigError
-
         self.folder, self.log = folder, log
         stamp = folder / "config.json"
         if stamp.exists() and json.loads(stamp.read_text()) != json.loads(json.dumps(key)):
@@ -55,8 +54,6 @@ class Parts:
         write_json(stamp, key)
 
     def get(self, name: str, make) -> dict:
-        from escrag.atomic import write_json
-
         path = self.folder / f"{name}.json"
         if path.exists():
             self.log(f"[mechanism] {name}: read back from {path}")
@@ -244,7 +241,6 @@ def eval_jobs(cfg: Config, split: str) -> list:
 
 def run(cfg: Config, out: Path, splits: tuple[str, ...] = ("valid", "test"), log=print) -> dict:
     """The whole table; ``splits``: ("valid",) while choosing a recipe, test once for the reported one."""
-    from escrag.atomic import write_json
     from escrag.embed import load_embedder
     from trainer.sft import train_sft
 
