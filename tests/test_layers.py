@@ -58,11 +58,15 @@ def room(module: str) -> str:
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of the project's packages under ``root``."""
+    """Dotted module name -> file, for every module of the project's packages under ``root``; nothing
+    under a hidden folder (``bench/.cache/venv-trl``, which bench/bench_grpo_vs_trl.py creates, holds
+    TRL's own packages, not ours)."""
     out = {}
     for pkg in PACKAGES:
         for path in sorted((root / pkg).rglob("*.py")) if (root / pkg).is_dir() else []:
             parts = list(path.relative_to(root).with_suffix("").parts)
+            if any(part.startswith(".") for part in parts):
+                continue
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
@@ -153,6 +157,15 @@ MODULES = module_files()
 def test_modules_found():
     assert len(MODULES) > 60 and any(room(m) == "bench" for m in MODULES)
     assert {room(m) for m in MODULES} == set(ALLOWED)
+
+
+def test_hidden_folders_hold_no_project_modules(tmp_path):
+    """A benchmark's side environment under bench/.cache is not part of the project: its packages' own
+    imports (TRL's ``trainer`` is not ours) must not be read as the project's."""
+    for rel in ("bench/bench_a.py", "bench/.cache/venv-trl/lib/site-packages/trl/kernels/__init__.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("import transformers\n")
+    assert module_files(tmp_path) == {"bench.bench_a": tmp_path / "bench/bench_a.py"}
 
 
 @pytest.mark.parametrize("src_room", sorted(ALLOWED))
