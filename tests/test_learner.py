@@ -17,6 +17,7 @@ from escrag.sampling import token_logprobs
 from rollout.engines.base import SamplingParams
 from rollout.episode import record
 from trainer.learner import Learner, recompute_old
+from trainer.policy import compute
 
 PROMPTS = [[1, 504, 2088, 314, 253, 1345], [1, 9519, 28, 940, 446, 2], [1, 77, 78, 79]]
 
@@ -273,3 +274,42 @@ def test_state_dict_round_trip(tiny_model, engine):
     for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
         assert torch.equal(p, q), n
     assert b.optimizer.state_dict()["state"].keys() == a.optimizer.state_dict()["state"].keys()
+
+
+def test_lora_bf16_step_matches_the_float32_stored_forward(tiny_model):
+    """Under LoRA with bfloat16 compute the frozen base Linears are stored in bfloat16 (the operands
+    autocast made from float32 weights before) and the LM head runs on the trained positions only:
+    the step's gradient equals the hand computation with float32-stored weights under the same
+    autocast over every position of every sequence, unpadded (the path before issue 27)."""
+    over = ["grpo.kl_coef=0", "grpo.max_grad_norm=1e9", "policy.lora.enabled=true", "policy.dtype=bfloat16"]
+    learner = Learner(_cfg(tiny_model, *over))
+    base = [m for m in learner.model.modules() if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad]
+    head = learner.model.get_base_model().get_output_embeddings()
+    assert {m.weight.dtype for m in base if m is not head} == {torch.bfloat16}
+    assert {p.dtype for p in learner.params} == {torch.float32}  # the adapters: float32 master weights
+    ref = Learner(_cfg(tiny_model, *over))
+    for m in base:
+        m.to(torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the same trained adapter in both, so the head sees a non-trivial policy
+        for (n, p), q in zip(learner.model.named_parameters(), ref.model.parameters()):
+            if "lora_B" in n:
+                q.copy_(p.copy_(torch.randn(p.shape, generator=gen) * 0.05))
+    seqs = _two_stage_group()
+    with torch.no_grad(), compute(learner.cfg.policy, ref.model):
+        for s in seqs:  # π_old = π_θ: ratio 1
+            ids = torch.tensor([s.input_ids])
+            lp = token_logprobs(ref.model(input_ids=ids).logits[0, :-1], ids[0, 1:], ref.temperature).tolist()
+            s.old_logprobs = [0.0] + [x if m else 0.0 for x, m in zip(lp, s.loss_mask[1:])]
+    advs = [1.0, -0.5, 0.8, -1.3]
+    learner._flatten = lambda _groups: ([list(zip(seqs, advs))], 0)
+    m = learner.step([ScoredGroup("g", [Sample(s, output="", reward=a) for s, a in zip(seqs, advs)], 0)])
+    ref.model.zero_grad()
+    with compute(ref.cfg.policy, ref.model):
+        _masked_loss_by_hand(ref.model, seqs, advs, ref.temperature).backward()
+    got = _grads(learner)
+    want = {n: p.grad for n, p in ref.model.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys() and got and m["logp_diff"] < 2e-2
+    for name in want:  # bfloat16 GEMMs of other shapes round differently: compared as whole tensors
+        err = float((got[name] - want[name]).norm() / want[name].norm())
+        assert err < 5e-2, (name, err)

@@ -104,27 +104,28 @@ class Learner:
 
     # ------------------------------------------------------------------ log-probs
 
-    def sequence_logprobs(self, seqs: list[TokenSequence], keep: int, reference: bool = False) -> torch.Tensor:
-        """log π(token) over the last ``keep`` positions of each sequence, [B, keep]; the reference
-        policy when ``reference`` (no gradient)."""
+    def sequence_logprobs(self, seqs: list[TokenSequence], mask: torch.Tensor, reference: bool = False) -> torch.Tensor:
+        """log π(token) over the last ``mask.shape[1]`` positions of each sequence where ``mask`` is 1
+        (the trained tokens; 0 elsewhere), [B, keep]; the reference policy when ``reference`` (no
+        gradient)."""
         model = self.ref if reference and self.ref is not None else self.model
         with compute(self.cfg.policy, self.model):
             if not reference:
-                return self._logprobs(model, seqs, keep)
+                return self._logprobs(model, seqs, mask)
             with torch.no_grad():
                 if self.ref is None and is_lora(self.model):
                     with self.model.disable_adapter():
-                        return self._logprobs(model, seqs, keep)
-                return self._logprobs(model, seqs, keep)
+                        return self._logprobs(model, seqs, mask)
+                return self._logprobs(model, seqs, mask)
 
-    def _logprobs(self, model, seqs: list[TokenSequence], keep: int) -> torch.Tensor:
+    def _logprobs(self, model, seqs: list[TokenSequence], mask: torch.Tensor) -> torch.Tensor:
         """The shared-prompt path (``grpo.share_prompt``) when the sequences share a prefix, else
         every sequence in full."""
         ids, pad = [s.input_ids for s in seqs], self.tokenizer.pad_token_id
         shared = shared_prefix(ids, [s.loss_mask.index(1) for s in seqs]) if self.share else 0
         if shared > 0:
-            return prefix_tail_logprobs(model, ids, keep, shared, pad, self.temperature)
-        return tail_logprobs(model, ids, keep, pad, self.temperature)
+            return prefix_tail_logprobs(model, ids, mask, shared, pad, self.temperature)
+        return tail_logprobs(model, ids, mask, pad, self.temperature)
 
     # ------------------------------------------------------------------ update
 
@@ -172,12 +173,12 @@ class Learner:
         old = behaviour
         if self.recompute and self.cfg.grpo.updates_per_batch > 1:
             with torch.no_grad():
-                old = self.sequence_logprobs(seqs, keep)
+                old = self.sequence_logprobs(seqs, mask)
         elif self.recompute:  # one pass: π_old is the policy as it enters it, its own log-probs (detached)
             old = None
-        ref = self.sequence_logprobs(seqs, keep, reference=True) if self.cfg.grpo.kl_coef > 0 else None
+        ref = self.sequence_logprobs(seqs, mask, reference=True) if self.cfg.grpo.kl_coef > 0 else None
         adv = torch.tensor([a for _, a in batch], device=mask.device)
-        return {"keep": keep, "mask": mask, "old": old, "ref": ref, "adv": adv, "recorded": behaviour,
+        return {"mask": mask, "old": old, "ref": ref, "adv": adv, "recorded": behaviour,
                 "behaviour": behaviour if self.decoupled else None}
 
     def _pass(self, micro, prepared, denom: float, first: bool) -> dict:
@@ -186,7 +187,7 @@ class Learner:
         sums: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         for batch, mb in zip(micro, prepared):
-            logp = self.sequence_logprobs([s for s, _ in batch], mb["keep"])
+            logp = self.sequence_logprobs([s for s, _ in batch], mb["mask"])
             if mb["old"] is None:
                 mb["old"] = logp.detach()  # later passes of this batch keep it
             loss, m = policy_loss(logp, mb["old"], mb["ref"], mb["adv"], mb["mask"], g.clip_eps, g.kl_coef,

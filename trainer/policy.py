@@ -8,8 +8,10 @@ every other part of the project only ever sees a path. Saving is atomic (``escra
 Precision. Trainable weights are always float32 (master weights): with weights near 0.02 and a step
 of lr 1e-6, an Adam update is far below bfloat16's resolution (8 bits of mantissa) and would round
 away. ``policy.dtype`` is the compute dtype: bfloat16 or float16 run the forward passes under
-``torch.autocast`` (CPU and GPU alike). The LoRA merge is done in float32, and weights are cast to the
-engines' dtype once, when exported.
+``torch.autocast`` (CPU and GPU alike). Under LoRA the frozen base Linears are stored in that dtype
+(``store_frozen_linears``: the operands autocast would have made anyway); the full fine-tune keeps
+every weight in float32. The LoRA merge is done in float32, and weights are cast to the engines' dtype
+once, when exported; a saved model folder is float32.
 """
 
 from __future__ import annotations
@@ -44,8 +46,23 @@ def build_policy(cfg: PolicyConfig, model: str | None = None):
         peft_cfg = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
                               target_modules=list(lc.target_modules), task_type="CAUSAL_LM")
         lm = get_peft_model(lm, peft_cfg)
+        if cfg.dtype != "float32":
+            store_frozen_linears(lm, torch_dtype(cfg.dtype))
     lm.train()
     return lm, tok
+
+
+def store_frozen_linears(model, dtype) -> None:
+    """Under LoRA with a lower compute dtype: every frozen ``nn.Linear`` of the base model stored in
+    that dtype. Autocast would cast each of them to it on every call (it caches casts of trainable
+    weights only), so the forward sees the same operands, without the copies and at half the memory
+    traffic. The LM head is left alone (tied to the input embeddings in SmolLM2; the embeddings and
+    norms stay float32, so the residual stream does too). The LoRA merge adds ΔW in float32 to these
+    weights: a saved model carries them at the precision the policy computed with."""
+    head = model.get_base_model().get_output_embeddings()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module is not head and not module.weight.requires_grad:
+            module.to(dtype)
 
 
 def set_checkpointing(model, on: bool) -> None:
@@ -134,7 +151,7 @@ def save_merged(model, tokenizer, out: str | Path, meta: dict | None = None) -> 
 
     out = Path(out)
     with atomic_dir(out) as tmp:
-        state = {k: v.contiguous().cpu() for k, v in merged_state_dict(model).items()}
+        state = {k: v.float().contiguous().cpu() for k, v in merged_state_dict(model).items()}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         config = base_config(model)
         config.save_pretrained(tmp)
@@ -159,28 +176,47 @@ def left_pad(seqs: list[list[int]], pad_id: int):
     return ids, attn, pos
 
 
-def tail_logprobs(model, seqs: list[list[int]], keep: int, pad_id: int, temperature: float = 1.0) -> torch.Tensor:
-    """log π(x_t | x_<t) for the last ``keep`` tokens of every sequence: [B, keep] (float32), from
-    the logits divided by ``temperature`` (``escrag.sampling.token_logprobs``: the quantity the
-    engines record at that sampling temperature; SFT's likelihood uses 1).
+def _decoder_and_head(model):
+    """(the decoder stack, the LM head) of a causal LM, LoRA-wrapped or not (peft injects its layers
+    into the base model's modules, so ``disable_adapter`` still switches them off)."""
+    lm = model.get_base_model() if is_lora(model) else model
+    return lm.get_decoder(), lm.get_output_embeddings()
 
-    Sequences are left-padded so their ends line up, and the LM head runs on the last ``keep + 1``
-    positions only (``logits_to_keep``): on a 49k vocabulary the head and the log-softmax dominate
-    the cost of a small model otherwise.
+
+def _scored(head, hidden, targets, where, shape, temperature: float) -> torch.Tensor:
+    """The LM head and log-softmax on the scored positions only (``hidden`` [N, H] predicting
+    ``targets`` [N]), placed at ``where`` (row, column index tensors) of a zero [B, keep] tensor."""
+    lp = token_logprobs(head(hidden), targets, temperature)
+    return lp.new_zeros(shape).index_put(where, lp)
+
+
+def tail_logprobs(model, seqs: list[list[int]], mask: torch.Tensor, pad_id: int,
+                  temperature: float = 1.0) -> torch.Tensor:
+    """log π(x_t | x_<t) for the last ``keep = mask.shape[1]`` tokens of every sequence where ``mask``
+    [B, keep] is 1, 0 elsewhere: [B, keep] (float32), from the logits divided by ``temperature``
+    (``escrag.sampling.token_logprobs``: the quantity the engines record at that sampling temperature;
+    SFT's likelihood uses 1).
+
+    Sequences are left-padded so their ends line up. The LM head and the log-softmax run on the scored
+    positions only: on a 49k vocabulary they dominate the cost of a small model otherwise, and a
+    two-stage rollout's masked feedback turn (120 of its 312 tail tokens in the demo) needs neither.
     """
     device = next(model.parameters()).device
     ids, attn, pos = (t.to(device) for t in left_pad(seqs, pad_id))
-    keep = min(keep, ids.shape[1] - 1)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=keep + 1,
-                   use_cache=False).logits
-    return token_logprobs(logits[:, :-1], ids[:, -keep:], temperature)  # position j predicts T - keep + j
+    T, keep = ids.shape[1], mask.shape[1]
+    if keep >= T:
+        raise ValueError(f"tail_logprobs: {keep} tail tokens asked of sequences of at most {T}")
+    decoder, head = _decoder_and_head(model)
+    hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    where = mask.to(device).nonzero(as_tuple=True)  # column c is token T - keep + c, predicted by position c - 1 of it
+    return _scored(head, hidden[:, T - keep - 1:T - 1][where], ids[:, T - keep:][where], where, mask.shape,
+                   temperature)
 
 
-def _cache_kwarg(model) -> str:
+def _cache_kwarg(decoder) -> str:
     """The KV cache's argument (and output) name: ``cache`` from transformers 5.2x, ``past_key_values``
     before (the GPU check's 5.17)."""
-    lm = model.get_base_model() if is_lora(model) else model
-    return "cache" if "cache" in inspect.signature(type(lm).forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else "past_key_values"
 
 
 def shared_prefix(seqs: list[list[int]], first_trained: list[int]) -> int:
@@ -196,16 +232,17 @@ def shared_prefix(seqs: list[list[int]], first_trained: list[int]) -> int:
     return max(limit, 0)
 
 
-def prefix_tail_logprobs(model, seqs: list[list[int]], keep: int, shared: int, pad_id: int,
+def prefix_tail_logprobs(model, seqs: list[list[int]], mask: torch.Tensor, shared: int, pad_id: int,
                          temperature: float = 1.0) -> torch.Tensor:
     """``tail_logprobs`` for sequences that share their first ``shared`` tokens (a GRPO group's prompt):
     the prefix runs once (batch 1, with gradient), its KV cache is repeated over the batch and the
-    right-padded suffixes run on it. Same [B, keep] layout; tail positions inside the prefix (never
-    trained: ``shared_prefix`` stops before the first trained token) are 0. Not with gradient
-    checkpointing (a recomputed layer would append to the cache twice)."""
-    device, kw = next(model.parameters()).device, _cache_kwarg(model)
-    out = model(input_ids=torch.tensor([seqs[0][:shared]], device=device), use_cache=True)
-    cache = getattr(out, kw)
+    right-padded suffixes run on it. Same [B, keep] layout; every scored token must lie after the
+    prefix (``shared_prefix`` stops before the first trained token). Not with gradient checkpointing
+    (a recomputed layer would append to the cache twice)."""
+    device = next(model.parameters()).device
+    decoder, head = _decoder_and_head(model)
+    kw = _cache_kwarg(decoder)
+    cache = getattr(decoder(input_ids=torch.tensor([seqs[0][:shared]], device=device), use_cache=True), kw)
     cache.batch_repeat_interleave(len(seqs))
     rests = [s[shared:] for s in seqs]
     S = max(len(r) for r in rests)
@@ -215,15 +252,13 @@ def prefix_tail_logprobs(model, seqs: list[list[int]], keep: int, shared: int, p
     for i, r in enumerate(rests):
         ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         attn[i, shared:shared + len(r)] = 1
-    start = max(0, min(len(s) - min(keep, len(s) - 1) - 1 for s in seqs) - shared)  # first position needed
     pos = torch.arange(shared, shared + S).expand(len(seqs), S)
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-                   use_cache=True, logits_to_keep=S - start, **{kw: cache}).logits  # positions start..S-1
-    targets = torch.cat([ids[:, start + 1:], torch.full((len(seqs), 1), pad_id)], 1).to(device)
-    lp = token_logprobs(logits, targets, temperature)  # [B, S - start]: lp[:, j] predicts suffix token start+j+1
-    rows = []
-    for i, r in enumerate(rests):
-        got = lp[i, :len(r) - 1 - start]  # targets: sequence tokens shared+start+1 .. end
-        got = got[-keep:]
-        rows.append(torch.cat([got.new_zeros(keep - got.shape[0]), got]))
-    return torch.stack(rows)
+    hidden = decoder(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                     use_cache=True, **{kw: cache}).last_hidden_state
+    rows, cols = mask.cpu().nonzero(as_tuple=True)
+    keep, lengths = mask.shape[1], torch.tensor([len(s) for s in seqs])
+    at = lengths[rows] - keep + cols - shared  # the scored token's index in its suffix
+    if at.numel() and int(at.min()) < 1:
+        raise ValueError("prefix_tail_logprobs: a scored token lies inside the shared prefix")
+    rows, at, where = rows.to(device), at.to(device), (rows.to(device), cols.to(device))
+    return _scored(head, hidden[rows, at - 1], ids.to(device)[rows, at], where, mask.shape, temperature)

@@ -107,9 +107,8 @@ def _micro_nll(model, batch: list[tuple[list[int], list[int]]], pad_id: int):
 
     counts = [sum(1 for y in labels if y != -100) for _, labels in batch]  # targets are the tail
     keep = max(counts)
-    logp = tail_logprobs(model, [ids for ids, _ in batch], keep, pad_id)
-    mask = torch.tensor([[0.0] * (keep - n) + [1.0] * n for n in counts], device=logp.device)
-    return -(logp * mask).sum()
+    mask = torch.tensor([[0.0] * (keep - n) + [1.0] * n for n in counts])
+    return -tail_logprobs(model, [ids for ids, _ in batch], mask, pad_id).sum()
 
 
 def _resolve_demos(cfg: Config, data: str | None) -> tuple[list[dict], str]:

@@ -91,7 +91,8 @@ def agreement(tiny: str, other: str) -> dict:
     for device in ("cpu", other):
         cfg = _cfg(tiny, device, "policy.dtype=float32", "grpo.micro_batch_size=8", "grpo.lr=1e-3")
         learner = Learner(cfg)
-        logp = learner.sequence_logprobs(seqs, 16).detach().cpu()
+        tails = torch.tensor([s.loss_mask[-16:] for s in seqs], dtype=torch.float32)  # the trained tokens
+        logp = learner.sequence_logprobs(seqs, tails).detach().cpu()
         learner.step(groups)
         m = learner.step(groups)  # the second step: the policy has left its reference (KL > 0)
         engine = HFEngine(tiny, cfg.rollout, dtype="float32", seed=0)
