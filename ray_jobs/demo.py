@@ -58,33 +58,40 @@ def show_curve(cfg: Config) -> None:
               f"{r.get('kl', 0):.5f} | {r.get('zero_adv_groups', 0)}")
 
 
-async def _answer_all(cfg: Config, policy: str, jobs: list, retriever_url: str, reward_url: str) -> list[tuple[dict, dict]]:
-    """RAG answers of ``policy`` to ``jobs`` ((state, seed) pairs) with their reward parts, in order.
+async def _answer_all(cfg: Config, policies: list[str], jobs: list, retriever_url: str,
+                      reward_url: str) -> list[list[tuple[dict, dict]]]:
+    """RAG answers of each of ``policies`` to ``jobs`` ((state, seed) pairs) with their reward parts,
+    in order: one list per policy.
 
     Each answer is decoded alone (an engine of one row): rows sharing a batch change each other's
     padding and kernel shapes, so their logits, and with them near-tied draws, by a rounding error,
     and an answer would depend on which other states were asked with it. Alone, it depends only on
-    its state and seed (tests/test_pipeline.py)."""
+    its state and seed (tests/test_pipeline.py). A decode step of one row leaves the CPU half idle, so
+    the policies answer side by side, an engine each; the answers are scored after all of them, one at
+    a time, so that no score shares a reward-server batch either."""
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
     from rollout.engines import make_engine
     from rollout.episode import answer, engine_chat
 
     one = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch=1))
-    chat = engine_chat(make_engine(one, model_spec=policy), one)
+    chats = [engine_chat(make_engine(one, model_spec=policy), one) for policy in policies]
     retriever, reward = RetrieverClient(retriever_url, cfg.retriever), RewardClient(reward_url, cfg.reward)
     try:
-        answers = await asyncio.gather(*(answer(s.history, chat, retriever, cfg, seed=seed) for s, seed in jobs))
-        scores = {"rewards": [], "rm_scores": [], "format_rewards": []}
-        for (s, _), a in zip(jobs, answers):  # one at a time: a score does not depend on its batch either
-            got = await reward.score([{"history": s.history, "output": a["output"]}])
-            for k in scores:
-                scores[k] += got[k]
+        answers = await asyncio.gather(*(asyncio.gather(*(answer(s.history, chat, retriever, cfg, seed=seed)
+                                                          for s, seed in jobs)) for chat in chats))
+        out = []
+        for got in answers:
+            scores = {"rewards": [], "rm_scores": [], "format_rewards": []}
+            for (s, _), a in zip(jobs, got):
+                one_score = await reward.score([{"history": s.history, "output": a["output"]}])
+                for k in scores:
+                    scores[k] += one_score[k]
+            out.append(list(zip(got, [{k: scores[k][i] for k in scores} for i in range(len(jobs))])))
     finally:
         await retriever.aclose()
         await reward.aclose()
-    parts = [{k: scores[k][i] for k in scores} for i in range(len(jobs))]
-    return list(zip(answers, parts))
+    return out
 
 
 def _risks(cfg: Config, states, answers: list[dict]) -> list[str | None]:
@@ -108,9 +115,10 @@ def compare_policies(cfg: Config, states, urls: dict, split: str = "test") -> di
 
     n, records = cfg.run.demo_compare_samples, []
     jobs = [(s, j, derive_seed(cfg.run.seed, "compare", s.state_id, j)) for s in states for j in range(n)]
-    for name, path in (("sft", run_paths(cfg).sft), ("grpo", run_paths(cfg).grpo / "policy")):
-        res = asyncio.run(_answer_all(cfg, str(path), [(s, seed) for s, _, seed in jobs],
-                                      urls["retriever"], urls["reward"]))
+    policies = {"sft": run_paths(cfg).sft, "grpo": run_paths(cfg).grpo / "policy"}
+    both = asyncio.run(_answer_all(cfg, [str(p) for p in policies.values()], [(s, seed) for s, _, seed in jobs],
+                                   urls["retriever"], urls["reward"]))
+    for name, res in zip(policies, both):
         answers, parts = [a for a, _ in res], [p for _, p in res]
         records += answer_records(name, jobs, answers, parts, _risks(cfg, [s for s, _, _ in jobs], answers))
     with atomic_file(run_paths(cfg).grpo / f"compare-{split}.jsonl") as fh:
@@ -137,8 +145,8 @@ def show_answers(cfg: Config, split: str = "test") -> dict | None:
     fixed = random.Random(f"{cfg.run.seed}/compare").sample(pool, min(cfg.run.demo_compare_states, len(pool)))
     with JobServices(gcfg, write_resolved_config(gcfg), run_paths(cfg).grpo / "logs", need_retriever=True) as svc:
         jobs = [(s, derive_seed(cfg.run.seed, "demo", s.state_id, 0)) for s in states]
-        results = asyncio.run(_answer_all(cfg, str(run_paths(cfg).grpo / "policy"), jobs, svc.urls["retriever"],
-                                          svc.urls["reward"]))
+        (results,) = asyncio.run(_answer_all(cfg, [str(run_paths(cfg).grpo / "policy")], jobs,
+                                             svc.urls["retriever"], svc.urls["reward"]))
         _print_answers(states, results)
         if not fixed:
             return None
