@@ -1,15 +1,23 @@
-"""Engine throughput: our transformers engine vs plain float32 ``model.generate``, one run, interleaved.
+"""Engine throughput: our transformers engine vs plain ``model.generate`` at the same dtype, one run, interleaved.
 
 Same prompts for every variant (the stage-1 chat prompts of the first ESConv valid states, as the
 rollout renders them), sampling at T 0.9, top-p 0.95, 64 new tokens per row (EOS disabled in every
 variant so each row makes exactly 64 tokens), SmolLM2-135M-Instruct, batch 8 and 32:
 
-- ``hf generate fp32``: float32 weights, ``model.generate(do_sample=True, top_k=0)`` (full-vocabulary
+- ``hf:<dtype>``: weights in that dtype, ``model.generate(do_sample=True, top_k=0)`` (full-vocabulary
   top-p, HF's sampler), left-padded batch, DynamicCache;
-- ``ours eager``: ``HFEngine`` with ``rollout.dtype`` auto (bfloat16 on a CPU with AMX/AVX512-BF16)
-  and compile off;
-- ``ours compiled``: the same with ``rollout.compile: true``.
-Ours samples with the config's ``top_k`` (64) then top-p inside it (escrag.sampling).
+- ``eager:<dtype>``: ``HFEngine`` with ``rollout.dtype`` = dtype and compile off;
+- ``compiled:<dtype>``: the same with ``rollout.compile: true``.
+``<dtype>`` is float32, bfloat16 or auto (``rollout.dtype`` auto: bfloat16 on a CPU with
+AMX/AVX512-BF16, else float32); a variant without one is ``hf`` float32 and ours auto (the issue-12
+table). Each of ours is compared with ``hf`` at its own dtype where that ran (issue 27), else with
+``hf:float32``. Ours samples with the config's ``top_k`` (64) then top-p inside it (escrag.sampling).
+
+The weight-read bound (issue 27): a decode step reads every weight once, so at most
+``bandwidth / weight bytes`` steps a second, ``batch`` tokens each. The run measures the bandwidth
+(a 1 GiB ``copy_`` on ``--threads`` threads, bytes read per second, median of 5) and counts the
+model's weight bytes at each dtype (the tied embedding once: the LM head reads it whole); the table
+gives each of ours as a share of that bound.
 
 Each variant runs in its own process (each then has the process's only OpenMP pool, as a rollout
 worker does: rollout/engines/hf_engine.py); runs interleave (batch x variant, ``--repeats`` rounds, one
@@ -22,10 +30,13 @@ a fresh folder so that the number is a first compile; ``--no-cold-compile`` reus
 Also reported: |Δ log-prob| between our bfloat16 engine and the float32 model teacher-forced on the
 same tokens (what ``logp_diff`` shows when the learner recomputes π_old).
 
-Target (issue 12): ours compiled >= 3.5x hf generate fp32 at both batch sizes.
+Targets: issue 12, ours compiled >= 3.5x hf generate fp32 at both batch sizes; issue 27, ours >= 3x
+``generate`` at the same dtype at batch 8 and 32 in float32 and bfloat16, and >= 70% of the weight-read
+bound at batch 8.
 Prints a table and writes ``bench/results/bench_engine.json``.
 
     .venv/bin/python bench/bench_engine.py                      # full (the lead's run, machine alone)
+    .venv/bin/python bench/bench_engine.py --variants hf:float32,compiled:float32,hf:bfloat16,compiled:bfloat16
     .venv/bin/python bench/bench_engine.py --batches 2 --new-tokens 8 --repeats 1 --variants hf,eager  # smoke
 """
 
@@ -44,7 +55,28 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-VARIANTS = {"hf": "hf generate fp32", "eager": "ours eager", "compiled": "ours compiled"}
+KINDS = {"hf": "hf generate", "eager": "ours eager", "compiled": "ours compiled"}
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "auto": "auto"}
+
+
+def split_variant(name: str) -> tuple[str, str]:
+    """``kind[:dtype]`` -> (kind, dtype); without a dtype hf is float32 and ours auto."""
+    kind, _, dtype = name.partition(":")
+    if kind not in KINDS or dtype not in ("", *SHORT):
+        raise SystemExit(f"bench_engine: variant {name!r}: expected one of {sorted(KINDS)}[:float32|bfloat16|auto]")
+    return kind, dtype or ("float32" if kind == "hf" else "auto")
+
+
+def label(name: str) -> str:
+    kind, dtype = split_variant(name)
+    return f"{KINDS[kind]} {SHORT[dtype]}"
+
+
+def baseline_of(name: str, names: list[str]) -> str | None:
+    """The hf variant ``name`` is compared with: hf at its dtype when that ran, else hf float32."""
+    kind, dtype = split_variant(name)
+    same = next((n for n in names if split_variant(n) == ("hf", dtype)), None)
+    return None if kind == "hf" else same or next((n for n in names if split_variant(n) == ("hf", "float32")), None)
 
 
 def parse_args(argv=None):
@@ -71,13 +103,13 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
 
 
 class HFGenerate:
-    """Plain float32 ``model.generate`` with HF's sampler (the baseline of issue 12)."""
+    """Plain ``model.generate`` with HF's sampler, weights in ``dtype`` (the baseline)."""
 
-    def __init__(self, spec: str, args):
+    def __init__(self, spec: str, args, dtype: str):
         from escrag.models import load_causal_lm, load_tokenizer
 
         self.tokenizer = load_tokenizer(spec)
-        self.model = load_causal_lm(spec, "float32").eval()
+        self.model = load_causal_lm(spec, dtype).eval()
         self.args = args
 
     def run(self, batch: list[list[int]]) -> int:
@@ -95,12 +127,12 @@ class HFGenerate:
 class Ours:
     """``HFEngine`` built by ``make_engine`` from the default config (+ compile on/off)."""
 
-    def __init__(self, spec: str, args, compile_: bool, max_batch: int, max_seq_len: int):
+    def __init__(self, spec: str, args, compile_: bool, max_batch: int, max_seq_len: int, dtype: str):
         from escrag.config import load_config
         from rollout.engines import make_engine
         from rollout.engines.base import SamplingParams
 
-        cfg = load_config(None, [f"policy.model={spec}", f"rollout.compile={str(compile_).lower()}",
+        cfg = load_config(None, [f"policy.model={spec}", f"rollout.compile={str(compile_).lower()}", f"rollout.dtype={dtype}",
                                  f"rollout.max_batch={max_batch}", f"rollout.max_seq_len={max_seq_len}"])
         self.engine = make_engine(cfg)
         self.engine.eos_ids = set()  # every row makes exactly --new-tokens tokens, as in the baseline
@@ -152,11 +184,13 @@ def serve_variant(name: str, args, ids: list[list[int]], max_seq: int, conn) -> 
     import torch
 
     torch.set_num_threads(args.threads)
-    if name == "hf":
-        runner = HFGenerate(args.model, args)
+    kind, dtype = split_variant(name)
+    if kind == "hf":
+        runner = HFGenerate(args.model, args, dtype)
         call = lambda fn, *a: fn(*a)  # noqa: E731
     else:
-        runner = Ours(args.model, args, name == "compiled", max(int(b) for b in args.batches.split(",")), max_seq)
+        runner = Ours(args.model, args, kind == "compiled", max(int(b) for b in args.batches.split(",")), max_seq,
+                      dtype)
         call = runner.engine.call
     conn.send("ready")
     while (msg := conn.recv()) is not None:
@@ -190,23 +224,25 @@ def measure(args) -> dict:
         for name in names:  # warm-up: first calls (and compiles) are not in the table
             for b in batches:
                 warm[f"{name}/b{b}"] = ask(name, "run", b)["seconds"]
-                print(f"warm-up {VARIANTS[name]} b{b}: {warm[f'{name}/b{b}']:.1f} s", flush=True)
+                print(f"warm-up {label(name)} b{b}: {warm[f'{name}/b{b}']:.1f} s", flush=True)
         runs = {f"{n}/b{b}": [] for n in names for b in batches}
         for r in range(args.repeats):
             for b in batches:
                 for name in names:
                     x = ask(name, "run", b)
                     runs[f"{name}/b{b}"].append(x)
-                    print(f"round {r} {VARIANTS[name]:<18} b{b:<3} {x['tok_s']:7.1f} tok/s, {x['tok_cpu_s']:7.1f} "
+                    print(f"round {r} {label(name):<20} b{b:<3} {x['tok_s']:7.1f} tok/s, {x['tok_cpu_s']:7.1f} "
                           f"tok/cpu-s (load {x['load1']:.1f})", flush=True)
         res = {"config": vars(args), "prompt_tokens": [len(p) for p in ids], "warmup_s": warm, "runs": runs,
                "median_tok_s": {k: statistics.median(x["tok_s"] for x in v) for k, v in runs.items()},
                "median_tok_cpu_s": {k: statistics.median(x["tok_cpu_s"] for x in v) for k, v in runs.items()}}
-        if "compiled" in names:
-            res["compile_s"] = {f"b{b}": warm[f"compiled/b{b}"] - statistics.median(
-                x["seconds"] for x in runs[f"compiled/b{b}"]) for b in batches}
-        if names[-1] != "hf":
-            res["logprob_gap"] = ask(names[-1], "gap", batches[-1])
+        compiled = [n for n in names if split_variant(n)[0] == "compiled"]
+        if compiled:
+            res["compile_s"] = {f"{n}/b{b}": warm[f"{n}/b{b}"] - statistics.median(
+                x["seconds"] for x in runs[f"{n}/b{b}"]) for n in compiled for b in batches}
+        ours = [n for n in names if split_variant(n)[0] != "hf"]
+        if ours:
+            res["logprob_gap"] = ask(ours[-1], "gap", batches[-1])
         res["load1"] = [x["load1"] for v in runs.values() for x in v]
         return res
     finally:
@@ -216,18 +252,60 @@ def measure(args) -> dict:
             proc.join(timeout=30)
 
 
+def weight_read_bound(spec: str, threads: int, names: list[str]) -> dict:
+    """Copy bandwidth (bytes read per second, 1 GiB ``copy_``, median of 5) and, per dtype of the
+    variants, the model's weight bytes and the decode steps per second they allow."""
+    import torch
+
+    from escrag.models import engine_dtype, load_causal_lm
+
+    torch.set_num_threads(threads)
+    src, dst = torch.empty(1 << 28, dtype=torch.float32).fill_(1.0), torch.empty(1 << 28, dtype=torch.float32)
+    times = []
+    for _ in range(6):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    bandwidth = src.numel() * 4 / statistics.median(times[1:])
+    del src, dst
+    params = {p.data_ptr(): p.numel() for p in load_causal_lm(spec, "float32").parameters()}  # tied: once
+    out = {"bandwidth_bytes_s": bandwidth, "params": sum(params.values()), "steps_s": {}, "weight_bytes": {}}
+    for name in names:
+        _, dtype = split_variant(name)
+        dtype = engine_dtype(dtype, "float32", "cpu")
+        out["weight_bytes"][dtype] = out["params"] * (4 if dtype == "float32" else 2)
+        out["steps_s"][dtype] = bandwidth / out["weight_bytes"][dtype]
+    return out
+
+
+def _bound_share(res: dict, name: str, b: str) -> float | None:
+    """tok/s of ``name`` at batch ``b`` over the weight-read bound at its dtype (None for hf)."""
+    from escrag.models import engine_dtype
+
+    kind, dtype = split_variant(name)
+    steps = res.get("bound", {}).get("steps_s", {}).get(engine_dtype(dtype, "float32", "cpu"))
+    return None if kind == "hf" or not steps else res["median_tok_s"][f"{name}/b{b}"] / (steps * int(b))
+
+
 def print_table(res: dict) -> None:
     batches = res["config"]["batches"].split(",")
     names = [n for n in res["config"]["variants"].split(",") if n]
     for key, unit in (("median_tok_s", "tok/s"), ("median_tok_cpu_s", "tok/cpu-s")):
         med = res[key]
-        print(f"\n{'variant':<20}" + "".join(f"{'b' + b + ' ' + unit:>16}{'x hf':>7}" for b in batches))
+        print(f"\n{'variant':<22}" + "".join(f"{'b' + b + ' ' + unit:>16}{'x hf':>7}" for b in batches)
+              + (f"{'b' + batches[0] + ' of bound':>14}" if key == "median_tok_s" else ""))
         for n in names:
-            row = f"{VARIANTS[n]:<20}"
+            row, base = f"{label(n):<22}", baseline_of(n, names)
             for b in batches:
-                v, base = med[f"{n}/b{b}"], med.get(f"hf/b{b}")
-                row += f"{v:>16.1f}" + (f"{v / base:>7.2f}" if base else f"{'':>7}")
-            print(row)
+                v, ref = med[f"{n}/b{b}"], med.get(f"{base}/b{b}") if base else None
+                row += f"{v:>16.1f}" + (f"{v / ref:>7.2f}" if ref else f"{'':>7}")
+            share = _bound_share(res, n, batches[0]) if key == "median_tok_s" else None
+            print(row + (f"{share:>13.0%}" if share is not None else ""))
+    if "bound" in res:
+        bd = res["bound"]
+        print(f"weight-read bound: {bd['bandwidth_bytes_s'] / 1e9:.1f} GB/s copy bandwidth; " + ", ".join(
+            f"{d} {bd['weight_bytes'][d] / 1e6:.0f} MB a step = {bd['steps_s'][d]:.1f} steps/s"
+            for d in bd["steps_s"]) + f" (x batch = tok/s); {bd['params'] / 1e6:.1f} M parameters, tied once")
     if "compile_s" in res:
         print("compile time (warm-up minus median run): " +
               ", ".join(f"{k} {v:.0f} s" for k, v in res["compile_s"].items()) +
@@ -248,6 +326,7 @@ def main(argv=None) -> int:
         if args.cold_compile:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp  # read when inductor first compiles
         res = measure(args)
+    res["bound"] = weight_read_bound(args.model, args.threads, [n for n in args.variants.split(",") if n])
     print_table(res)
     print(f"wrote {write_json(args.out, res)}")
     return 0
