@@ -205,6 +205,8 @@ def measure(args) -> dict:
 
     batches = [int(b) for b in args.batches.split(",")]
     names = [v for v in args.variants.split(",") if v]
+    for name in names:  # a bad name is named here, before any variant's process starts
+        split_variant(name)
     ids = prompts(load_tokenizer(args.model), max(batches))
     max_seq = max(len(p) for p in ids) + args.new_tokens + 1
     ctx, procs, conns = mp.get_context("spawn"), [], {}

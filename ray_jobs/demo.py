@@ -82,12 +82,11 @@ async def _answer_all(cfg: Config, policies: list[str], jobs: list, retriever_ur
                                                           for s, seed in jobs)) for chat in chats))
         out = []
         for got in answers:
-            scores = {"rewards": [], "rm_scores": [], "format_rewards": []}
+            parts = []
             for (s, _), a in zip(jobs, got):
-                one_score = await reward.score([{"history": s.history, "output": a["output"]}])
-                for k in scores:
-                    scores[k] += one_score[k]
-            out.append(list(zip(got, [{k: scores[k][i] for k in scores} for i in range(len(jobs))])))
+                score = await reward.score([{"history": s.history, "output": a["output"]}])
+                parts.append({k: score[k][0] for k in ("rewards", "rm_scores", "format_rewards")})
+            out.append(list(zip(got, parts)))
     finally:
         await retriever.aclose()
         await reward.aclose()
