@@ -50,9 +50,18 @@ Float = Annotated[float, Strict(), BeforeValidator(_yaml_float)]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 Key = Annotated[str, BeforeValidator(str)]  # a mapping's key: YAML reads ``3:`` as an int
-Dtype = Literal["float32", "bfloat16", "float16"]
 
 _section = dataclass(config=ConfigDict(extra="forbid"))
+
+
+def resolve_auto_dtype(dtype: str, device: str) -> str:
+    """``auto`` -> bfloat16 where it is fast on ``device`` (a GPU, a CPU with AMX / AVX512-BF16), else
+    float32 (an AVX2 CPU emulates bfloat16 matmuls: ~7x slower); another dtype is kept."""
+    if dtype != "auto":
+        return dtype
+    from escrag.models import fast_bfloat16, resolve_device
+
+    return "bfloat16" if fast_bfloat16(resolve_device(device)) else "float32"
 
 
 def _f(default, doc: str, **constraints):
@@ -118,10 +127,7 @@ class PolicyConfig:
     lora: LoraConfig = _sub(LoraConfig, "LoRA adapters of the learner and SFT")
 
     def __post_init__(self):
-        if self.dtype == "auto":  # an AVX2 CPU emulates bfloat16 matmuls: ~7x slower than float32
-            from escrag.models import fast_bfloat16, resolve_device
-
-            self.dtype = "bfloat16" if fast_bfloat16(resolve_device(self.device)) else "float32"
+        self.dtype = resolve_auto_dtype(self.dtype, self.device)
 
 
 @_section
@@ -179,7 +185,10 @@ class RewardConfig:
     heldout_fraction: Float = _f(0.1, "share of the pairs held out to report the head's accuracy", gt=0.0, lt=1.0)
     max_length: Int = _f(1024, "tokens; longer inputs lose history from the left", ge=16)
     max_pairs: Int | None = _f(None, "seeded subsample of the pairs to train on; None: all", ge=2)
-    dtype: Dtype = _f("float32", "frozen backbone dtype")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f(
+        "float32", "frozen backbone dtype (its features and the head fitted on them); auto = bfloat16 where it is "
+        "fast (reward.device a GPU, or a CPU with AMX / AVX512-BF16), else float32, resolved when the config is "
+        "loaded")
     device: Str = _f("auto", "frozen backbone: auto = cuda when a GPU is visible, else cpu")
     feature_cache: Str | None = _f(None, "cached backbone features; None: $ESCRAG_CACHE/rm-features")
     feature_batch_size: Int = _f(8, "sequences per backbone forward when computing features", ge=1)
@@ -190,6 +199,9 @@ class RewardConfig:
     timeout_s: Float = _f(120.0, "client: one attempt", gt=0.0)
     wait_s: Float = _f(300.0, "client: all attempts of one call (see retriever.wait_s)", gt=0.0)
     backoff_s: Float = _f(0.5, "client: first retry delay; doubles up to 8x", gt=0.0)
+
+    def __post_init__(self):
+        self.dtype = resolve_auto_dtype(self.dtype, self.device)
 
 
 @_section

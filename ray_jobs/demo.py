@@ -67,8 +67,8 @@ async def _answer_all(cfg: Config, policies: list[str], jobs: list, retriever_ur
     padding and kernel shapes, so their logits, and with them near-tied draws, by a rounding error,
     and an answer would depend on which other states were asked with it. Alone, it depends only on
     its state and seed (tests/test_pipeline.py). A decode step of one row leaves the CPU half idle, so
-    the policies answer side by side, an engine each; the answers are scored after all of them, one at
-    a time, so that no score shares a reward-server batch either."""
+    the policies answer side by side, an engine each; the answers are scored after all of them (a score
+    does not depend on its batch on a CPU: reward_server/model.py)."""
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
     from rollout.engines import make_engine
@@ -82,10 +82,8 @@ async def _answer_all(cfg: Config, policies: list[str], jobs: list, retriever_ur
                                                           for s, seed in jobs)) for chat in chats))
         out = []
         for got in answers:
-            parts = []
-            for (s, _), a in zip(jobs, got):
-                score = await reward.score([{"history": s.history, "output": a["output"]}])
-                parts.append({k: score[k][0] for k in ("rewards", "rm_scores", "format_rewards")})
+            score = await reward.score([{"history": s.history, "output": a["output"]} for (s, _), a in zip(jobs, got)])
+            parts = [{k: score[k][i] for k in ("rewards", "rm_scores", "format_rewards")} for i in range(len(got))]
             out.append(list(zip(got, parts)))
     finally:
         await retriever.aclose()

@@ -10,12 +10,14 @@ RM system prompt and the candidate reply (the final assistant turn) are always k
 alone exceed ``max_length``, the whole history is dropped and the input stays longer than
 ``max_length`` (the reply is never cut). Every truncated input is counted.
 
-Batching pads on the right and reads each row at its own last real token (positions start at 0 in every
-row), so a score does not depend on what else is in the batch up to rounding: a padded batch runs other
-kernels than a row alone (measured on SmolLM2, the same row alone vs in a batch of 4: features differ by
-up to 8e-6 in float32 and 0.09 in bfloat16). Callers that need a score to depend on its input only score
-one item per request (ray_jobs/demo.py's comparison); the server's micro-batcher merges concurrent
-requests by arrival time.
+Batches: on a CPU every row runs alone, so a score is bitwise the same whatever else is in its batch. A
+padded batch runs other kernels than a row alone (measured on SmolLM2, the same row alone vs in a batch
+of 4: features differ by up to 8e-6 in float32 and 0.09 in bfloat16), and the server's micro-batcher
+merges concurrent requests by arrival time, so a GRPO step's rewards would move with request timing. On a
+CPU the rows of a ~160-token input are already a full GEMM each, and alone they run no padding: 16 rows
+of 80-160 tokens, SmolLM2, 2 cores: float32 5.3 seq/s alone vs 4.8 batched, bfloat16 12.0 vs 12.1. On a
+GPU, where batching pays, a batch is padded on the right and each row read at its own last real token
+(positions start at 0 in every row): equal up to rounding.
 
 Departures from the paper: the paper does not say which token's state feeds the head; we use the last
 token (``<|im_end|>`` of the reply under ChatML templates). ``max_history_turns`` optionally keeps only
@@ -99,7 +101,10 @@ class Backbone:
         return Encoded(sys_ids + kept + reply_ids, True)
 
     def features(self, seqs: list[list[int]]):
-        """Last-token final hidden states, float32 tensor [B, H], for one padded batch."""
+        """Last-token final hidden states, float32 tensor [B, H]: each row alone on a CPU, else one padded
+        batch (see the module doc)."""
+        if self.device == "cpu" and len(seqs) > 1:
+            return self._torch.cat([self.features([s]) for s in seqs])
         torch = self._torch
         lengths = torch.tensor([len(s) for s in seqs])
         width = int(lengths.max())

@@ -141,7 +141,7 @@ def test_config_show_bad_file_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_auto_dtypes_take_bfloat16_only_where_it_is_fast(monkeypatch, fast):
-    """``policy.dtype: auto`` (the CPU demo's) and ``safety.conv_dtype: auto`` resolve to bfloat16 only
+    """``policy.dtype``, ``reward.dtype`` (the CPU demo's: auto) and ``safety.conv_dtype: auto`` resolve to bfloat16 only
     where bfloat16 matmuls are fast (the probe of the CPU's flags stands in for the machine here), else
     float32; a dtype given is kept either way."""
     import escrag.models
@@ -150,7 +150,9 @@ def test_auto_dtypes_take_bfloat16_only_where_it_is_fast(monkeypatch, fast):
     monkeypatch.setattr(escrag.models, "fast_bfloat16", lambda device: fast)
     want = "bfloat16" if fast else "float32"
     demo = load_config(CONFIGS / "cpu-demo.yaml")
-    assert demo.policy.dtype == want and conv_dtype(demo.safety) == want
-    assert load_config(CONFIGS / "cpu-test.yaml").policy.dtype == "float32"
-    fixed = load_config(CONFIGS / "cpu-demo.yaml", ["policy.dtype=bfloat16", "safety.conv_dtype=float32"])
-    assert (fixed.policy.dtype, conv_dtype(fixed.safety)) == ("bfloat16", "float32")
+    assert demo.policy.dtype == want and demo.reward.dtype == want and conv_dtype(demo.safety) == want
+    test = load_config(CONFIGS / "cpu-test.yaml")
+    assert (test.policy.dtype, test.reward.dtype) == ("float32", "float32")
+    fixed = load_config(CONFIGS / "cpu-demo.yaml", ["policy.dtype=bfloat16", "reward.dtype=float32",
+                                                    "safety.conv_dtype=float32"])
+    assert (fixed.policy.dtype, fixed.reward.dtype, conv_dtype(fixed.safety)) == ("bfloat16", "float32", "float32")

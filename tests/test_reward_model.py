@@ -1,5 +1,5 @@
 """Reward model pieces on the tiny random Qwen2: RM inputs are truncated from the left of the history
-only (the reply is never cut) and flagged; scores do not depend on the batch; the feature cache runs
+only (the reply is never cut) and flagged; a score is bitwise the same in any batch; the feature cache runs
 the backbone once per input and is keyed by backbone; a head folder round-trips and refuses another
 backbone or a changed one.
 Run: .venv/bin/python -m pytest -q tests/test_reward_model.py"""
@@ -57,12 +57,18 @@ def test_reply_longer_than_window_is_kept_whole(backbone):
     assert long_reply in text and "client turn" not in text
 
 
-def test_features_do_not_depend_on_the_batch(backbone):
-    seqs = [backbone.encode(_history(k), REPLY).ids for k in (1, 2, 8)]
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_features_do_not_depend_on_the_batch(dtype):
+    """On a CPU a row's feature is bitwise the same alone and in any batch (each row runs alone: a padded
+    batch would run other kernels, and a score would move with the batch and with it a GRPO step with
+    the timing of the requests the reward server merges)."""
+    backbone = Backbone("tiny-random:qwen2", dtype, max_length=96)
+    seqs = [backbone.encode(_history(k), r).ids for k in (1, 2, 8) for r in (REPLY, "ok then")]
     batch = backbone.features(seqs)
-    assert batch.shape == (3, backbone.hidden_size)
+    assert batch.shape == (6, backbone.hidden_size) and batch.dtype == torch.float32
     for i, s in enumerate(seqs):
-        assert torch.allclose(backbone.features([s])[0], batch[i], atol=1e-4)
+        assert torch.equal(backbone.features([s])[0], batch[i]), i
+    assert torch.equal(backbone.features(seqs[::-1]), batch.flip(0))
     assert not torch.allclose(batch[0], batch[1])
 
 
