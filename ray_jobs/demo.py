@@ -26,6 +26,7 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 from escrag.config import Config, load_config, run_paths
 from escrag.errors import run_main
@@ -63,34 +64,48 @@ async def _answer_all(cfg: Config, policies: list[str], jobs: list, retriever_ur
     """RAG answers of each of ``policies`` to ``jobs`` ((state, seed) pairs) with their reward parts,
     in order: one list per policy.
 
-    Each answer is decoded alone (an engine of one row): rows sharing a batch change each other's
-    padding and kernel shapes, so their logits, and with them near-tied draws, by a rounding error,
-    and an answer would depend on which other states were asked with it. Alone, it depends only on
-    its state and seed (tests/test_pipeline.py). A decode step of one row leaves the CPU half idle, so
-    the policies answer side by side, an engine each, and the cores are split between the engines:
-    two engines of two threads each on 2 cores fight over them op by op (SmolLM2 bf16, one row: 46
-    tok/s in all, against 76 with a thread each and 51 for one engine of two threads). The answers are
-    scored after all of them (a score does not depend on its batch on a CPU: reward_server/model.py)."""
+    An answer depends only on its state and seed, never on which other states were asked with it or
+    when (tests/test_pipeline.py). With a bfloat16 transformers engine (the CPU demo's) a policy's
+    answers decode in one batch under ``rollout.batch_invariant``, each bitwise as it would alone
+    (tests/test_engine_continuous.py), and the policies take turns. Otherwise (float32, where attention
+    rounds with the batch's attended length) each answer decodes alone, an engine of one row, and the
+    policies answer side by side on a share of the threads each: two engines of two threads on 2 cores
+    fight over them op by op (SmolLM2 bf16, one row: 46 tok/s in all, against 76 with a thread each).
+    The answers are scored after all of them (a score does not depend on its batch on a CPU:
+    reward_server/model.py)."""
     import torch
+    from safetensors.torch import load_file
 
+    from escrag.models import engine_dtype
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
     from rollout.engines import make_engine
     from rollout.episode import answer, engine_chat
 
+    batched = (cfg.rollout.engine == "transformers"
+               and engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) == "bfloat16")
+    rows = min(cfg.rollout.max_batch, len(jobs)) if batched else 1
+    run = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch=rows, batch_invariant=batched))
+    turns = [[p] for p in policies] if batched else [policies]
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, threads // len(policies)))  # read by the engine threads started here
-    one = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch=1))
-    chats = [engine_chat(make_engine(one, model_spec=policy), one) for policy in policies]
+    torch.set_num_threads(max(1, threads // len(turns[0])))  # read by the engine threads started here
     retriever, reward = RetrieverClient(retriever_url, cfg.retriever), RewardClient(reward_url, cfg.reward)
+    out, engines = [], []
     try:
-        answers = await asyncio.gather(*(asyncio.gather(*(answer(s.history, chat, retriever, cfg, seed=seed)
-                                                          for s, seed in jobs)) for chat in chats))
-        out = []
-        for got in answers:
-            score = await reward.score([{"history": s.history, "output": a["output"]} for (s, _), a in zip(jobs, got)])
-            parts = [{k: score[k][i] for k in ("rewards", "rm_scores", "format_rewards")} for i in range(len(got))]
-            out.append(list(zip(got, parts)))
+        for version, turn in enumerate(turns):
+            if engines:  # the next policy's weights into the same engine: no second compile (~15 s)
+                files = sorted(Path(turn[0]).glob("*.safetensors"))  # save_pretrained: one file or shards
+                engines[0].load_weights({k: v for f in files for k, v in load_file(str(f)).items()}, version)
+            else:
+                engines = [make_engine(run, model_spec=policy) for policy in turn]
+            chats = [engine_chat(engine, run) for engine in engines]
+            answers = await asyncio.gather(*(asyncio.gather(*(answer(s.history, chat, retriever, cfg, seed=seed)
+                                                              for s, seed in jobs)) for chat in chats))
+            for got in answers:
+                score = await reward.score([{"history": s.history, "output": a["output"]}
+                                            for (s, _), a in zip(jobs, got)])
+                parts = [{k: score[k][i] for k in ("rewards", "rm_scores", "format_rewards")} for i in range(len(got))]
+                out.append(list(zip(got, parts)))
     finally:
         torch.set_num_threads(threads)
         await retriever.aclose()

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from escrag.config import load_config
+from escrag.models import fast_bfloat16
 from rollout.engines.base import SamplingParams
 from rollout.engines.hf_engine import HFEngine
 
@@ -306,3 +307,46 @@ def test_compiled_bfloat16_step_sees_weight_loads(tiny_model):
     flat = -torch.log(torch.tensor(float(comp.model.config.vocab_size))).item()
     for g in comp.generate(PROMPTS, p, seeds=[1, 2, 3]):
         assert g.logprobs == pytest.approx([flat] * 12, abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def smollm2_shaped(tmp_path_factory, tiny_model) -> str:
+    """A random 2-layer Llama with SmolLM2-135M's layer shapes (hidden 576, MLP 1536, 9 heads over 3 K/V
+    heads): the tiny model's 64-wide matmuls run the same kernels at any batch, these do not."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("smollm2-shaped")
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
+                      num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.skipif(not fast_bfloat16("cpu"), reason="measured where bfloat16 matmuls are native (AVX512-BF16, AMX)")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_batch_invariant_rows_do_not_depend_on_their_batch(smollm2_shaped, compiled):
+    """``rollout.batch_invariant`` in bfloat16 (compiled: the CPU demo's engine): each row's tokens and
+    log-probs are bitwise those it gets alone, whichever rows share its decode steps, would share its
+    prefill pass or its prompt's prefix, or join it mid-decode; nothing is reused. Without the option
+    both fail (a batched prefill pass and copied K/V move rows by a rounding error)."""
+    eng = HFEngine(smollm2_shaped, _ro(compile=compiled, batch_invariant=True, max_batch=8, max_seq_len=128),
+                   dtype="bfloat16", seed=0)
+    g = torch.Generator().manual_seed(0)
+    chat = [torch.randint(100, 40000, (n,), generator=g).tolist() for n in (40, 55, 31, 62)]
+    prompts = [chat[0], chat[0] + [5, 6], chat[1], chat[2], chat[0], chat[3], chat[1][:20], chat[3] + [9]]
+    seeds = [3, 1, 4, 1, 5, 9, 2, 6]
+    p = params(24, 0.9, 0.95, 64)
+    together = eng.generate(prompts, p, seeds=seeds)
+    assert eng.stats["prefill_passes"] == len(prompts) and eng.stats["reused_tokens"] == 0
+    done = threading.Event()
+    running = eng.submit(prompts[:4], p, seeds[:4], done.set)  # the others join these mid-decode
+    joined = [eng.generate([q], p, seeds=[s])[0] for q, s in zip(prompts[4:], seeds[4:])]
+    done.wait()
+    alone = [eng.generate([q], p, seeds=[s])[0] for q, s in zip(prompts, seeds)]
+    for got in (together, running.result() + joined):
+        assert [g.token_ids for g in got] == [a.token_ids for a in alone]
+        assert [g.logprobs for g in got] == [a.logprobs for a in alone]

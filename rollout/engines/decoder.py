@@ -85,6 +85,7 @@ class SlotDecoder:
         self.values: list[torch.Tensor] = []
         self.slots = 0
         self.compiled = ro.compile
+        self.fixed_rows = ro.max_batch if ro.batch_invariant else 0  # every decode step runs this many rows
         self.packed = self.device.type == "cpu" and self.dtype == torch.bfloat16 and bf16_packing()
         self.fused: list[tuple] = []  # per layer (qkv, gate_up): FusedLinear keys and biases (packed path)
         self._fused: dict[int, FusedLinear] = {}  # member weight or bias data_ptr -> its fused linear
@@ -200,13 +201,17 @@ class SlotDecoder:
         """One decode step for slots [0, n): feed ``tokens`` at ``positions``, sample with the
         rows' ``seeds`` at their decode ``steps``; returns the n sampled tokens and log-probs."""
         n = len(tokens)
-        if self.compiled and n == 1:  # a padding row in free slot 1: n = 1 would compile a second graph
-            tokens, positions, seeds, steps = [*tokens, 0], [*positions, 0], [*seeds, 0], [*steps, 0]
+        # padding rows write position 0 of free slots: compiled, n = 1 would compile a second graph;
+        # batch-invariant, every step runs max_batch rows (hf_engine.py)
+        pad = max(self.fixed_rows, 2 if self.compiled else 1) - n
+        if pad > 0:
+            self.reserve(n + pad)
+            tokens, positions, seeds, steps = ([*x, *[0] * pad] for x in (tokens, positions, seeds, steps))
         length = _round_up(max(positions) + 1)
         ints = [torch.tensor(x, dtype=torch.long, device=self.device) for x in (tokens, positions, seeds, steps)]
         mask = (torch.arange(length, device=self.device) <= ints[1][:, None])[:, None]  # [n, 1, length]
         if self.compiled:  # one graph for every batch size and attended length (slots: ``reserve``)
-            for t in (*ints, mask):
+            for t in (*ints, mask) if not self.fixed_rows else ():
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(mask, 2)
         tok, logp = self._step(*ints, mask, temperature, top_p, top_k)

@@ -25,6 +25,19 @@ Precision: weights in ``rollout.dtype`` (auto: bfloat16 where the hardware multi
 ``escrag.models.engine_dtype``); when that differs from the learner's ``policy.dtype`` the learner
 recomputes π_old (``trainer.learner.recompute_old``) and ``logp_diff`` shows the gap.
 
+Batch invariance (``rollout.batch_invariant``): every decode step runs ``max_batch`` rows (padding rows at
+position 0 of free slots), each row entering gets a prefill pass of its own (all waiting rows enter
+before the next step), and no row reuses a cached prefix. Then a row's tokens and log-probs depend only
+on its prompt, seed and sampling params, not on which rows decode beside it or when they arrive:
+a kernel's shape, and with it its blocking and threading, never depends on the other rows. Without it
+they do, by a rounding error that can flip a near-tied draw (SmolLM2 on this CPU, 24 rows: 3 differ
+from their run alone, in bfloat16 compiled; a batched prefill pass, copied K/V and the decode step's
+row count each move rows). Bitwise in bfloat16, eager and compiled (tests/test_engine_continuous.py
+checks rows against their run alone); in float32 attention rounds differently over a longer attended
+length (the longest live row's), so rows match up to rounding only. The price: a step costs
+``max_batch`` rows however many are live, and prompts sharing a prefix each prefill it whole (32 rows
+of 90-320-token prompts, max_batch 32, 96 tokens, bf16 compiled: 11.0 s vs 8.9 without the option).
+
 Prefix cache: a new row copies the K/V of the longest prefix of its prompt that a live row or a
 recently finished row (``rollout.prefix_cache_tokens``) already computed, and prefills only the rest.
 The N samples of a stage-1 prompt prefill it once, and a stage-2 prompt (p1 + ĉ + feedback) reuses
@@ -67,6 +80,7 @@ class HFEngine(GenerationEngine):
     def __init__(self, model_spec: str, ro, dtype: str = "float32", seed: int = 0):
         """``ro``: the ``RolloutConfig``; ``dtype``: the engine's weights dtype, already resolved."""
         self.device, self.max_batch, self.version, self.dtype = resolve_device(ro.device), ro.max_batch, 0, dtype
+        self.invariant = ro.batch_invariant
         self.tokenizer = load_tokenizer(model_spec)
         self.prefix_cache = PrefixCache(ro.prefix_cache_tokens)
         self._seed_rng = random.Random(seed)
@@ -225,7 +239,8 @@ class HFEngine(GenerationEngine):
         return [r.request for r in done if r.request.row_done()]
 
     def _admit(self) -> list[_Row]:
-        """Move waiting rows into free slots: one batched prefill, then each row's first token."""
+        """Move waiting rows into free slots: one batched prefill (a pass per row under
+        ``rollout.batch_invariant``), then each row's first token."""
         live, rows, starts = self._live, [], []
         while len(live) + len(rows) < self.max_batch:
             with self._queue:
@@ -233,7 +248,7 @@ class HFEngine(GenerationEngine):
                     break
                 row = self._waiting[0]
             start, source = self._reuse(row)
-            if rows and not self._fits(row, start, rows, starts):
+            if rows and not self.invariant and not self._fits(row, start, rows, starts):
                 break
             with self._queue:
                 self._waiting.popleft()
@@ -250,8 +265,11 @@ class HFEngine(GenerationEngine):
         if not rows:
             return []
         self.stats["joined_running"] += len(rows) * any(len(r.token_ids) > 1 for r in live)
-        logits = self.decoder.prefill(len(live), [r.prompt for r in rows], starts)
-        self.stats["prefill_passes"] += 1
+        if self.invariant:  # a pass per row: a batched pass runs other kernel shapes (module doc)
+            logits = torch.cat([self.decoder.prefill(len(live) + i, [r.prompt], [0]) for i, r in enumerate(rows)])
+        else:
+            logits = self.decoder.prefill(len(live), [r.prompt for r in rows], starts)
+        self.stats["prefill_passes"] += len(rows) if self.invariant else 1
         p = rows[0].request.params
         toks, logps = sample(logits, p.temperature, p.top_p, p.top_k, torch.tensor([r.seed for r in rows]),
                              torch.zeros(len(rows), dtype=torch.long))
@@ -266,6 +284,8 @@ class HFEngine(GenerationEngine):
     def _reuse(self, row: _Row) -> tuple[int, int | torch.Tensor | None]:
         """The longest cached prefix of ``row``'s prompt: (length, live slot or saved K/V); (0, None)
         when shorter than ``MIN_REUSE``."""
+        if self.invariant:
+            return 0, None
         prompt, best, source = row.prompt, 0, None
         for i, other in enumerate(self._live):  # live rows: K/V valid for positions < pos
             n = common_prefix(prompt, other.tokens(), min(other.pos, len(prompt) - 1))
