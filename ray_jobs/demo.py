@@ -59,20 +59,20 @@ def show_curve(cfg: Config) -> None:
               f"{r.get('kl', 0):.5f} | {r.get('zero_adv_groups', 0)}")
 
 
-async def _answer_all(cfg: Config, policies: list[str], jobs: list, retriever_url: str,
+async def _answer_all(cfg: Config, asks: list[tuple[str, list]], retriever_url: str,
                       reward_url: str) -> list[list[tuple[dict, dict]]]:
-    """RAG answers of each of ``policies`` to ``jobs`` ((state, seed) pairs) with their reward parts,
-    in order: one list per policy.
+    """RAG answers with their reward parts for each ``(policy, jobs)`` of ``asks`` (jobs: (state, seed)
+    pairs), in order: one list per ask.
 
-    An answer depends only on its state and seed, never on which other states were asked with it or
-    when (tests/test_pipeline.py). With a bfloat16 transformers engine (the CPU demo's) a policy's
-    answers decode in one batch under ``rollout.batch_invariant``, each bitwise as it would alone
-    (tests/test_engine_continuous.py), and the policies take turns. Otherwise (float32, where attention
-    rounds with the batch's attended length) each answer decodes alone, an engine of one row, and the
-    policies answer side by side on a share of the threads each: two engines of two threads on 2 cores
-    fight over them op by op (SmolLM2 bf16, one row: 46 tok/s in all, against 76 with a thread each).
-    The answers are scored after all of them (a score does not depend on its batch on a CPU:
-    reward_server/model.py)."""
+    An answer depends only on its state and seed (and the config), never on which other states were
+    asked with it or when (tests/test_pipeline.py). With a bfloat16 transformers engine (the CPU demo's)
+    an ask's answers decode in batches of ``rollout.max_batch`` rows under ``rollout.batch_invariant``, each bitwise as it would alone
+    (tests/test_engine_continuous.py); the asks take turns on one engine, which loads the next policy's
+    weights (one compile in all). Otherwise (float32, where attention rounds with the batch's attended
+    length) each answer decodes alone, an engine of one row, and the asks run side by side on a share
+    of the threads each: two engines of two threads on 2 cores fight over them op by op (SmolLM2 bf16,
+    one row: 46 tok/s in all, against 76 with a thread each). The answers are scored after all of them
+    (a score does not depend on its batch on a CPU: reward_server/model.py)."""
     import torch
     from safetensors.torch import load_file
 
@@ -84,24 +84,25 @@ async def _answer_all(cfg: Config, policies: list[str], jobs: list, retriever_ur
 
     batched = (cfg.rollout.engine == "transformers"
                and engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) == "bfloat16")
-    rows = min(cfg.rollout.max_batch, len(jobs)) if batched else 1
+    rows = cfg.rollout.max_batch if batched else 1  # a fixed row count: the kernels' shapes never change
     run = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch=rows, batch_invariant=batched))
-    turns = [[p] for p in policies] if batched else [policies]
+    turns = [[ask] for ask in asks] if batched else [asks]
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // len(turns[0])))  # read by the engine threads started here
     retriever, reward = RetrieverClient(retriever_url, cfg.retriever), RewardClient(reward_url, cfg.reward)
-    out, engines = [], []
+    out, engines, loaded = [], [], None
     try:
         for version, turn in enumerate(turns):
-            if engines:  # the next policy's weights into the same engine: no second compile (~15 s)
-                files = sorted(Path(turn[0]).glob("*.safetensors"))  # save_pretrained: one file or shards
+            if not engines:
+                engines = [make_engine(run, model_spec=policy) for policy, _ in turn]
+            elif turn[0][0] != loaded:  # the next policy's weights into the same engine: no second compile
+                files = sorted(Path(turn[0][0]).glob("*.safetensors"))  # save_pretrained: one file or shards
                 engines[0].load_weights({k: v for f in files for k, v in load_file(str(f)).items()}, version)
-            else:
-                engines = [make_engine(run, model_spec=policy) for policy in turn]
-            chats = [engine_chat(engine, run) for engine in engines]
-            answers = await asyncio.gather(*(asyncio.gather(*(answer(s.history, chat, retriever, cfg, seed=seed)
-                                                              for s, seed in jobs)) for chat in chats))
-            for got in answers:
+            loaded = turn[0][0]
+            answers = await asyncio.gather(*(asyncio.gather(*(answer(s.history, engine_chat(e, run), retriever, cfg,
+                                                                     seed=seed) for s, seed in jobs))
+                                             for e, (_, jobs) in zip(engines, turn)))
+            for got, (_, jobs) in zip(answers, turn):
                 score = await reward.score([{"history": s.history, "output": a["output"]}
                                             for (s, _), a in zip(jobs, got)])
                 parts = [{k: score[k][i] for k in ("rewards", "rm_scores", "format_rewards")} for i in range(len(got))]
@@ -122,28 +123,23 @@ def _risks(risk, states, answers: list[dict]) -> list[str | None]:
     return [a.level for a in risk.assess_many([with_answer(s.history, x["response"]) for s, x in zip(states, answers)])]
 
 
-def compare_policies(cfg: Config, states, urls: dict, split: str = "test") -> dict:
-    """SFT vs GRPO on ``states`` of ``split``: both policies answer with the same seeds (from the state
-    and sample index only); every answer goes to ``<grpo>/compare-<split>.jsonl`` and the summary
-    (``evaluation.compare.summarize``) is returned."""
+def compare_policies(cfg: Config, states, jobs: list[tuple], both: dict, split: str = "test") -> dict:
+    """SFT vs GRPO on ``states`` of ``split`` from ``both`` ({"sft": ..., "grpo": ...}: each policy's
+    answers to ``jobs`` with their reward parts); every answer goes to ``<grpo>/compare-<split>.jsonl``
+    and the summary (``evaluation.compare.summarize``) is returned."""
     from escrag.atomic import atomic_file
     from escrag.safety.classifier import RiskClassifier
-    from escrag.seeds import derive_seed
     from evaluation.compare import answer_records, summarize
 
-    n, records = cfg.run.demo_compare_samples, []
-    jobs = [(s, j, derive_seed(cfg.run.seed, "compare", s.state_id, j)) for s in states for j in range(n)]
-    policies = {"sft": run_paths(cfg).sft, "grpo": run_paths(cfg).grpo / "policy"}
-    both = asyncio.run(_answer_all(cfg, [str(p) for p in policies.values()], [(s, seed) for s, _, seed in jobs],
-                                   urls["retriever"], urls["reward"]))
+    records = []
     # one classifier for both policies: its cache reads each shared conversation prefix once (~2x faster)
     risk = RiskClassifier.from_config(cfg) if cfg.safety.rollout_metric else None
-    for name, res in zip(policies, both):
+    for name, res in both.items():
         answers, parts = [a for a, _ in res], [p for _, p in res]
         records += answer_records(name, jobs, answers, parts, _risks(risk, [s for s, _, _ in jobs], answers))
     with atomic_file(run_paths(cfg).grpo / f"compare-{split}.jsonl") as fh:
         fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    return {"split": split, "states": [s.state_id for s in states], "samples": n,
+    return {"split": split, "states": [s.state_id for s in states], "samples": cfg.run.demo_compare_samples,
             **summarize(records, cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed)}
 
 
@@ -163,19 +159,26 @@ def show_answers(cfg: Config, split: str = "test") -> dict | None:
     states = random.Random(cfg.run.seed).sample(test, cfg.run.demo_examples)
     pool = test if split == "test" else load_states(split)
     fixed = random.Random(f"{cfg.run.seed}/compare").sample(pool, min(cfg.run.demo_compare_states, len(pool)))
+    demo = [(s, derive_seed(cfg.run.seed, "demo", s.state_id, 0)) for s in states]
+    n = cfg.run.demo_compare_samples  # a comparison seed comes from the state and sample index only
+    jobs = [(s, j, derive_seed(cfg.run.seed, "compare", s.state_id, j)) for s in fixed for j in range(n)]
+    compare = [(s, seed) for s, _, seed in jobs]
+    sft, grpo = str(run_paths(cfg).sft), str(run_paths(cfg).grpo / "policy")
+    t0 = time.time()
     with JobServices(gcfg, write_resolved_config(gcfg), run_paths(cfg).grpo / "logs", need_retriever=True) as svc:
-        jobs = [(s, derive_seed(cfg.run.seed, "demo", s.state_id, 0)) for s in states]
-        (results,) = asyncio.run(_answer_all(cfg, [str(run_paths(cfg).grpo / "policy")], jobs,
-                                             svc.urls["retriever"], svc.urls["reward"]))
-        _print_answers(states, results)
+        # SFT first, then GRPO's comparison and demo answers in one batch: one engine, one compile
+        asks = ([(sft, compare)] if fixed else []) + [(grpo, compare + demo)]
+        *first, last = asyncio.run(_answer_all(cfg, asks, svc.urls["retriever"], svc.urls["reward"]))
+        _print_answers(states, last[len(compare):])
         if not fixed:
             return None
-        t0 = banner(f"{split}: SFT vs GRPO on {len(fixed)} fixed {split} states x {cfg.run.demo_compare_samples} "
-                    "answers (same seeds)")
-        cmp = compare_policies(cfg, fixed, svc.urls, split)
+        banner(f"{split}: SFT vs GRPO on {len(fixed)} fixed {split} states x {cfg.run.demo_compare_samples} "
+               "answers (same seeds)")
+        cmp = compare_policies(cfg, fixed, jobs, {"sft": first[0], "grpo": last[:len(compare)]}, split)
     write_json(run_paths(cfg).grpo / f"compare-{split}.json", cmp)
     _print_compare(cmp)
-    print(f"({time.time() - t0:.0f} s; answers in {run_paths(cfg).grpo / f'compare-{split}.jsonl'})")
+    print(f"({time.time() - t0:.0f} s for the demo answers and the comparison; answers in "
+          f"{run_paths(cfg).grpo / f'compare-{split}.jsonl'})")
     return cmp
 
 
