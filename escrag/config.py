@@ -239,8 +239,9 @@ class RolloutConfig:
     max_seq_len: Int = _f(2048, "prompt + completion tokens of one row (its KV-cache slot)", ge=16)
     prefix_cache_tokens: Int = _f(16384, "K/V of finished rows kept for prompts extending them", ge=0)
     batch_invariant: Bool = _f(False, "transformers engine: a row's tokens and log-probs depend only on its "
-                               "prompt, seed, sampling params and max_batch, not on the rows beside it: every step runs max_batch rows, "
-                               "a prefill pass per row, no prefix reuse; bitwise in bfloat16 (rollout/engines/hf_engine.py)")
+                               "prompt, seed, sampling params and max_batch, not on the rows beside it: every "
+                               "step runs max_batch rows, a prefill pass per row, no prefix reuse; bitwise in "
+                               "bfloat16 (rollout/engines/hf_engine.py)")
 
 
 @_section

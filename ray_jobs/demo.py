@@ -66,8 +66,8 @@ async def _answer_all(cfg: Config, asks: list[tuple[str, list]], retriever_url: 
 
     An answer depends only on its state and seed (and the config), never on which other states were
     asked with it or when (tests/test_pipeline.py). With a bfloat16 transformers engine (the CPU demo's)
-    an ask's answers decode in batches of ``rollout.max_batch`` rows under ``rollout.batch_invariant``, each bitwise as it would alone
-    (tests/test_engine_continuous.py); the asks take turns on one engine, which loads the next policy's
+    an ask's answers decode in batches of ``rollout.max_batch`` rows under ``rollout.batch_invariant``,
+    each bitwise as it would alone (tests/test_engine_continuous.py); the asks take turns on one engine, which loads the next policy's
     weights (one compile in all). Otherwise (float32, where attention rounds with the batch's attended
     length) each answer decodes alone, an engine of one row, and the asks run side by side on a share
     of the threads each: two engines of two threads on 2 cores fight over them op by op (SmolLM2 bf16,

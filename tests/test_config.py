@@ -141,8 +141,8 @@ def test_config_show_bad_file_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_auto_dtypes_take_bfloat16_only_where_it_is_fast(monkeypatch, fast):
-    """``policy.dtype``, ``reward.dtype`` (the CPU demo's: auto) and ``safety.conv_dtype: auto`` resolve to bfloat16 only
-    where bfloat16 matmuls are fast (the probe of the CPU's flags stands in for the machine here), else
+    """``policy.dtype``, ``reward.dtype`` (the CPU demo's: auto) and ``safety.conv_dtype: auto`` resolve to
+    bfloat16 only where bfloat16 matmuls are fast (the probe of the CPU's flags stands in for the machine here), else
     float32; a dtype given is kept either way."""
     import escrag.models
     from escrag.safety.backbone import conv_dtype

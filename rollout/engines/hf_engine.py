@@ -25,11 +25,12 @@ Precision: weights in ``rollout.dtype`` (auto: bfloat16 where the hardware multi
 ``escrag.models.engine_dtype``); when that differs from the learner's ``policy.dtype`` the learner
 recomputes π_old (``trainer.learner.recompute_old``) and ``logp_diff`` shows the gap.
 
-Batch invariance (``rollout.batch_invariant``): every decode step runs ``max_batch`` rows (padding rows at
-position 0 of free slots), each row entering gets a prefill pass of its own (all waiting rows enter
-before the next step), and no row reuses a cached prefix. Then a row's tokens and log-probs depend only
-on its prompt, seed, sampling params and ``max_batch``, not on which rows decode beside it or when they arrive:
-a kernel's shape, and with it its blocking and threading, never depends on the other rows. Without it
+Batch invariance (``rollout.batch_invariant``): every decode step runs ``max_batch`` rows (padding rows
+at position 0 of free slots), each row entering gets a prefill pass of its own (all waiting rows enter
+before the next step), and no row reuses a cached prefix. Then a row's tokens and log-probs depend
+only on its prompt, seed, sampling params and ``max_batch``, not on which rows decode beside it or
+when they arrive: a kernel's shape, and with it its blocking and threading, never depends on the
+other rows. Without it
 they do, by a rounding error that can flip a near-tied draw (SmolLM2 on this CPU, 24 rows: 3 differ
 from their run alone, in bfloat16 compiled; a batched prefill pass, copied K/V and the decode step's
 row count each move rows). Bitwise in bfloat16, eager and compiled (tests/test_engine_continuous.py
