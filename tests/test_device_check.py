@@ -1,7 +1,8 @@
 """The GPU check (tests/gpu/device_check.sh and .py) keeps working where no GPU is: the shell script,
 run here, finds no CUDA and runs every part at tiny shapes on the CPU: the CPU-vs-device agreement
 (both sides the CPU: exact), the learner sweep with and without checkpointing beside the placement
-plan's estimate, the engine's prefill and decode rates, the reward backbone in bfloat16 and float32.
+plan's estimate, the engine's prefill and decode rates, the reward backbone in bfloat16 and float32,
+with a progress line per part and every thread's stack printed when a part runs long.
 It loads no Ray, server, FAISS, vLLM, DeepSpeed or OpenRLHF code, and what it needs on the GPU machine
 (the working tree and the tiny model folder) fits the 64 MiB that travels there.
 Run: .venv/bin/python -m pytest -q tests/test_device_check.py   (~35 s)"""
@@ -17,10 +18,15 @@ FORBIDDEN = {"ray", "fastapi", "starlette", "uvicorn", "faiss", "vllm", "deepspe
 
 
 def test_the_gpu_check_runs_on_the_cpu(tmp_path, tiny_model):
-    env = {**os.environ, "PYTHON": sys.executable, "TINY": tiny_model}
+    env = {**os.environ, "PYTHON": sys.executable, "TINY": tiny_model, "PART_TIMEOUT_S": "1"}
     res = subprocess.run(["bash", "tests/gpu/device_check.sh", str(tmp_path)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for part in ("agreement", "learner", "engine", "reward"):  # progress, where the run is unattended
+        assert f"[device-check] {part}: start at" in res.stdout and f"[device-check] {part}: done in" in res.stdout
+    # a part past PART_TIMEOUT_S prints where every thread is (the agreement builds 4 models: > 1 s)
+    assert "[device-check] agreement: still running after 1 s; stacks:" in res.stdout, res.stdout[-3000:]
+    assert 'device_check.py", line' in res.stdout.split("still running after 1 s")[1]
     out = json.loads((tmp_path / "device_check.json").read_text())
     assert out["mode"] == "cpu" and not any("error" in out[p] or "skipped" in out[p]
                                             for p in ("agreement", "learner", "engine", "reward")), out

@@ -21,21 +21,31 @@ Needs torch, transformers, peft, safetensors, pyyaml, tqdm, numpy and pydantic (
 script installs carried wheels when the machine has none); imports no Ray, server, FAISS or vLLM code
 (the JSON lists the third-party modules it loaded). Stops starting new parts after ``--budget-s``.
 
+Observable where it runs unattended: a line as each part (and each side of the agreement) starts and
+ends, the JSON rewritten before each part (a killed run leaves ``{"running": true}`` on the part it was
+in), and every thread's Python stack printed each ``--part-timeout-s`` a part runs past,
+so a hang shows where it is. ``--only agreement`` runs one part (a cheap first look).
+
     python tests/gpu/device_check.py --out DIR [--cpu] [--tiny MODEL_DIR] [--budget-s 420]
+        [--part-timeout-s 120] [--only PART,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+print(f"[device-check] importing torch and the project from {ROOT}", flush=True)
 
 import torch  # noqa: E402
 
@@ -44,6 +54,7 @@ from escrag.records import Sample, ScoredGroup, TokenSequence  # noqa: E402
 from escrag.shapes import KNOWN, Shape, hf_config  # noqa: E402
 
 PRESET = ROOT / "configs" / "paper-3b.yaml"
+PARTS = ("agreement", "learner", "engine", "reward")
 TINY = Shape("qwen2", 64, 2, 4, 2, 128, 49152, True, 4096)
 # (GPU, --cpu): sequence lengths of the learner sweep, engine prompts x tokens, RM items x tokens
 SIZES = {"gpu": {"seqs": (1024, 2048, 4096), "prefill": (32, 1024), "decode": (64, 128, 128), "rm": (8, 4096)},
@@ -90,11 +101,13 @@ def agreement(tiny: str, other: str) -> dict:
     seqs = [s.sequence for grp in groups for s in grp.samples]
     for device in ("cpu", other):
         cfg = _cfg(tiny, device, "policy.dtype=float32", "grpo.micro_batch_size=8", "grpo.lr=1e-3")
+        _say(f"agreement: {device}: learner")
         learner = Learner(cfg)
         tails = torch.tensor([s.loss_mask[-16:] for s in seqs], dtype=torch.float32)  # the trained tokens
         logp = learner.sequence_logprobs(seqs, tails).detach().cpu()
         learner.step(groups)
         m = learner.step(groups)  # the second step: the policy has left its reference (KL > 0)
+        _say(f"agreement: {device}: engine")
         engine = HFEngine(tiny, cfg.rollout, dtype="float32", seed=0)
         gens = engine.generate([[1, 504, 2088, 314], [1, 9519, 28, 940, 446], [1, 77, 78]],
                                SamplingParams(16, 0.0, 1.0, 0, ()))
@@ -243,7 +256,36 @@ def _modules() -> list[str]:
     return sorted({m.split(".")[0] for m in sys.modules if not m.startswith("_")} - std - own)
 
 
-def run(out: Path, cpu: bool, tiny: str, budget_s: float) -> dict:
+def _say(line: str) -> None:
+    print(f"[device-check] {line}", flush=True)
+
+
+@contextlib.contextmanager
+def _watchdog(part: str, every_s: float):
+    """Every ``every_s`` the part runs, every other thread's Python stack printed (a hang shows where it
+    is). A thread reading ``sys._current_frames``: ``faulthandler``'s timer crashed this process on a CPU
+    run while torch's threads were busy."""
+    done = threading.Event()
+
+    def watch():
+        waited = 0.0
+        while not done.wait(every_s):
+            waited += every_s
+            stacks = [f"--- thread {tid}\n" + "".join(traceback.format_stack(frame))
+                      for tid, frame in sys._current_frames().items() if tid != threading.get_ident()]
+            _say(f"{part}: still running after {waited:.0f} s; stacks:\n" + "".join(stacks))
+
+    thread = threading.Thread(target=watch, daemon=True, name=f"watchdog-{part}")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def run(out: Path, cpu: bool, tiny: str, budget_s: float, part_timeout_s: float = 120.0,
+        only: tuple[str, ...] = ()) -> dict:
     device = "cpu" if cpu or not torch.cuda.is_available() else "cuda"
     sizes, t0 = SIZES["cpu" if device == "cpu" else "gpu"], time.perf_counter()
     big, rm = (TINY, TINY) if device == "cpu" else (KNOWN["Qwen/Qwen2.5-3B-Instruct"], KNOWN["Qwen/Qwen2.5-7B"])
@@ -259,15 +301,22 @@ def run(out: Path, cpu: bool, tiny: str, budget_s: float) -> dict:
                  ("engine", lambda: engine_rates(Path(tmp) / "policy", device, sizes)),
                  ("reward", lambda: reward_rates(rm, device, sizes))]
         for name, part in parts:
+            if only and name not in only:
+                continue
             if time.perf_counter() - t0 > budget_s:
                 result[name] = {"skipped": f"--budget-s {budget_s:g} spent"}
                 continue
+            result[name] = {"running": True}  # what a killed run leaves in the JSON
+            (out / "device_check.json").write_text(json.dumps(result, indent=2) + "\n")
+            _say(f"{name}: start at {time.perf_counter() - t0:.1f} s")
             t = time.perf_counter()
             try:
-                result[name] = part()
+                with _watchdog(name, part_timeout_s):
+                    result[name] = part()
             except Exception as exc:  # recorded: the other parts still run
                 result[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             result[name]["seconds"] = time.perf_counter() - t
+            _say(f"{name}: {'error' if 'error' in result[name] else 'done'} in {result[name]['seconds']:.1f} s")
             _free()
             (out / "device_check.json").write_text(json.dumps(result, indent=2) + "\n")
     result["third_party_modules"], result["seconds"] = _modules(), time.perf_counter() - t0
@@ -281,12 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="every part at tiny shapes on the CPU")
     p.add_argument("--tiny", default="tiny-random:qwen2", help="the tiny model (a spec or its folder)")
     p.add_argument("--budget-s", type=float, default=420.0, help="start no new part after this many seconds")
+    p.add_argument("--part-timeout-s", type=float, default=120.0,
+                   help="a part running longer prints every thread's stack to stdout, again each time this passes")
+    p.add_argument("--only", default="", help="comma-separated parts to run (default: all)")
     args = p.parse_args(argv)
+    _say(f"torch {torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'}")
     from escrag.models import resolve_model
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = run(out, args.cpu, resolve_model(args.tiny), args.budget_s)
+    only = tuple(p for p in args.only.split(",") if p)
+    if set(only) - set(PARTS):
+        p.error(f"--only: unknown part(s) {sorted(set(only) - set(PARTS))}; the parts are {', '.join(PARTS)}"
+                " (engine reuses the model the learner part builds)")
+    result = run(out, args.cpu, resolve_model(args.tiny), args.budget_s, args.part_timeout_s, only)
     print(json.dumps({k: v for k, v in result.items() if k != "third_party_modules"}, indent=1)[:6000])
     return 0
 

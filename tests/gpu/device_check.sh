@@ -9,12 +9,13 @@
 #   .device/tiny-random-qwen2   the tiny model folder (cp -r ~/.cache/escrag/tiny-random-qwen2 .device/)
 #   .whl/                       pydantic and its four small dependencies, for escrag.config (pip download)
 # No pip install of the project: it runs from the working tree with PYTHONPATH=.
-# Usage: bash tests/gpu/device_check.sh [OUT_DIR]   (default: $OUT, else runs/device-check; python: $PYTHON)
+# Usage: bash tests/gpu/device_check.sh [OUT_DIR]   (default: $OUT, else runs/device-check; python: $PYTHON;
+#   ONLY=agreement runs one part; a part past PART_TIMEOUT_S (120) prints every thread's stack)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 DEST=${1:-${OUT:-runs/device-check}}
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 USE_HUB_KERNELS=NO TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c "import pydantic, yaml" 2>/dev/null; then
   if ! ls .whl/*.whl >/dev/null 2>&1; then
@@ -27,7 +28,8 @@ TINY=${TINY:-.device/tiny-random-qwen2}
 [ -d "$TINY" ] || TINY=tiny-random:qwen2  # from $ESCRAG_CACHE
 mkdir -p "$DEST"
 "$PY" -c "import torch; print('[device-check]', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA')"
-timeout 470 "$PY" tests/gpu/device_check.py --out "$DEST" --tiny "$TINY" --budget-s 380
+timeout 470 "$PY" tests/gpu/device_check.py --out "$DEST" --tiny "$TINY" --budget-s 380 \
+  --part-timeout-s "${PART_TIMEOUT_S:-120}" ${ONLY:+--only "$ONLY"}
 rc=$?
 echo "[device-check] exit $rc; results in $DEST/device_check.json"
 exit $rc
