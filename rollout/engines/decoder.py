@@ -169,14 +169,18 @@ class SlotDecoder:
         each prompt's last token, [n, vocab] float32. Shorter rows are padded at their end: the padding
         writes K/V past the prompt, where a row writes each position before it attends it. Compiled,
         a pass has at least 2 rows and 2 tokens (size 1 would compile another graph): a padding row
-        writes the free slot after the pass (``reserve`` keeps one), a 1-token pass gets a padding token."""
+        writes the free slot after the pass (``reserve`` keeps one), a 1-token pass gets a padding token.
+        Batch-invariant (``fixed_rows``), every pass is one row and runs eagerly: no padding row (it
+        doubled the pass's work) and no graph of its own to compile (the step's graph is the same one
+        as without the option). The GEMMs of a ~400-token prompt dominate it; eager costs them nothing."""
         lens = [len(p) - s for p, s in zip(prompts, starts)]
         n, t = len(prompts), max(lens)
         if max(starts) + t > self.cache_len:
             raise ValueError(f"prefill past the cache: start {max(starts)} + {t} tokens > {self.cache_len}")
         ids = [p[s:] + [0] * (t - k) for p, s, k in zip(prompts, starts, lens)]
         slots = list(range(first, first + n))
-        if self.compiled:
+        compiled = self.compiled and not self.fixed_rows
+        if compiled:
             t = max(t, 2)
             ids = [r + [0] * (t - len(r)) for r in ids]
             if n == 1:
@@ -185,13 +189,13 @@ class SlotDecoder:
         ids, slots = torch.tensor(ids, device=self.device), torch.tensor(slots, device=self.device)
         pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)
         mask = torch.arange(max(starts) + t, device=self.device) <= pos[..., None]  # [n, T, kv_len]
-        if self.compiled:
+        if compiled:
             for x in (ids, pos, mask, slots):
                 torch._dynamo.maybe_mark_dynamic(x, 0)
             for x in (ids, pos, mask):
                 torch._dynamo.maybe_mark_dynamic(x, 1)
             torch._dynamo.maybe_mark_dynamic(mask, 2)
-        hidden = self._prefill(ids, pos, mask, slots)
+        hidden = (self._prefill if compiled else self._forward)(ids, pos, mask, slots)
         last = hidden[torch.arange(n), torch.tensor(lens, device=self.device) - 1]
         return self._logits(last).float()
 
@@ -210,8 +214,9 @@ class SlotDecoder:
         length = _round_up(max(positions) + 1)
         ints = [torch.tensor(x, dtype=torch.long, device=self.device) for x in (tokens, positions, seeds, steps)]
         mask = (torch.arange(length, device=self.device) <= ints[1][:, None])[:, None]  # [n, 1, length]
-        if self.compiled:  # one graph for every batch size and attended length (slots: ``reserve``)
-            for t in (*ints, mask) if not self.fixed_rows else ():
+        if self.compiled:  # one graph for every batch size and attended length (slots: ``reserve``);
+            # batch-invariant too: its row count never changes, and the graph a rollout compiled serves it
+            for t in (*ints, mask):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(mask, 2)
         tok, logp = self._step(*ints, mask, temperature, top_p, top_k)
