@@ -132,15 +132,21 @@ class Lookahead:
         return groups, refs, position
 
 
+GROUP_TIMES = ("stage1_s", "retrieve_s", "stage2_s", "reward_s", "risk_s")
+
+
 def step_row(step: int, groups, m: dict, times: dict, position: dict, version: int, restarts: dict) -> dict:
     """The metrics line of a step: the learner's metrics, the rollout's, timings and data position.
     ``gen_s`` is the longest worker call of the step (generation, retrieval and reward), ``wait_s`` how
     long the driver waited for the step's rollouts (at k > 0 partly hidden behind the last update),
     ``push_s`` until every worker holds the new weights (at k > 0 after the call it is running),
-    ``step_s`` the wall time since the previous step ended."""
+    ``step_s`` the wall time since the previous step ended. ``GROUP_TIMES`` are the slowest group's
+    parts of ``gen_s`` (``rollout.episode.run_group``; groups of a worker share its engine, so they
+    overlap): stage 1 (queueing for the engine included), retrieval, stage 2, reward, crisis check."""
     gen_tokens = sum(g.stats.get("stage1_tokens", 0) + g.stats.get("stage2_tokens", 0) for g in groups)
     gen_s = max((g.stats.get("batch_s", 0.0) for g in groups), default=0.0)
-    return {"step": step, **m, "gen_s": gen_s, **times, "gen_tokens": gen_tokens,
+    parts = {k: max(g.stats[k] for g in groups) for k in GROUP_TIMES if groups and all(k in g.stats for g in groups)}
+    return {"step": step, **m, "gen_s": gen_s, **parts, **times, "gen_tokens": gen_tokens,
             "gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
             "samples_per_s": sum(len(g.samples) for g in groups) / max(times["step_s"], 1e-9), "version": version,
             "epoch": position["epoch"], "data_index": position["index"], "time": time.time(),

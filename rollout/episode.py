@@ -201,7 +201,9 @@ async def run_group(state: DialogueState, engine, retriever, reward, cfg: Config
                  stage1_tokens=sum(len(g.token_ids) for g in gens1),
                  stage2_tokens=sum(len(g.token_ids) for g in finals) if ro.rag else 0)
     if risk is not None:
+        t = time.perf_counter()
         stats.update(_risk_stats(risk, state.history, [s.output for s in samples]))
+        stats["risk_s"] = time.perf_counter() - t
     return ScoredGroup(state.state_id, samples, version, stats)
 
 

@@ -184,6 +184,7 @@ def test_risk_metric_counts_high_risk_rollouts(engine, servers):
     high = asyncio.run(run_groups([crisis, load_states("valid")[3]], engine, RetrieverClient(servers["retriever"]),
                                   RewardClient(servers["reward"]), cfg, 5, [1, 2], risk))
     assert high[0].stats["risk_high"] == 3 and high[1].stats["risk_high"] == 0
+    assert all(g.stats["risk_s"] > 0 for g in high)  # the check's own time, one of GROUP_TIMES
     m = reward_metrics(high)
     assert m["risk_high_frac"] == pytest.approx(0.5) and 0.0 <= m["risk_elevated_frac"] <= 0.5
     assert "risk_high" not in _group(crisis, engine, servers, cfg).stats  # no classifier, no metric

@@ -67,6 +67,9 @@ def test_ray_job_submit(ray_session, serve, tmp_path):
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward_mean"] <= 2.0 and r["groups"] == 2 for r in rows)
+    # where gen_s went: each part of the slowest group, none longer than the worker call (one stage: vanilla)
+    assert all(0.0 < r[k] <= r["gen_s"] for r in rows for k in ("stage1_s", "reward_s"))
+    assert not any("stage2_s" in r or "risk_s" in r for r in rows)
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000002"
     assert (out / "policy" / "model.safetensors").is_file() and (out / "reward_curve.png").is_file()
 
@@ -202,6 +205,7 @@ def test_job_restarts_a_killed_retriever(ray_session, tmp_path, esconv_index):
     rows = _survives(ray_session, tmp_path, "retriever",
                      ["-o", "rollout.rag=true", "-o", f"retriever.index_dir={esconv_index}", "-o", "retriever.k=2"], {})
     assert all(0.0 <= r["stage1_format_mean"] <= 1.0 for r in rows)
+    assert all(0.0 < r[k] <= r["gen_s"] for r in rows for k in ("stage1_s", "retrieve_s", "stage2_s", "reward_s"))
 
 
 def test_job_stops_cleanly_when_a_given_service_stays_down(ray_session, tmp_path):
