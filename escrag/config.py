@@ -302,7 +302,7 @@ class SafetyConfig:
     conv_veto_max_turn_chars: Int = _f(1500, "the head may lower the rules' high only when no turn is longer than "
                                        "this (the tuning cases' longest turn has 1,305 characters): its average "
                                        "over a long turn dilutes a crisis beside it", ge=1)
-    conv_batch: Int = _f(16, "conversations per backbone forward", ge=1)
+    conv_batch: Int = _f(16, "conversations per backbone forward (on a CPU only renders of similar length share one)", ge=1)
     conv_dtype: Literal["auto", "float32", "bfloat16"] = _f(
         "auto", "the backbone's compute: auto = bfloat16 autocast where bfloat16 is fast (a GPU, a CPU with AMX "
         "or AVX512-BF16), else float32; each dtype has its own fitted head (both shipped for the default)")

@@ -198,6 +198,27 @@ def test_fit_heads_reproduces_the_shipped_heads(tmp_path, monkeypatch):
         assert np.abs(new.probs(feats[kind])[:, 0] - old.probs(feats[kind])[:, 0]).max() < 0.05, path.name
 
 
+def test_backbone_batches_only_similar_lengths_on_a_cpu():
+    """A padded batch computes its padding: on a CPU a batch of renders ends where padding would pass
+    PAD_SHARE of its real length (a GRPO group's reads run 30-520 tokens); a row alone or in a batch
+    gets the same states (float32 here, so within rounding)."""
+    from escrag.safety.backbone import PAD_SHARE, Backbone, render
+
+    bb = Backbone("tiny-random:llama", [1, 2], batch=3, device="cpu", dtype="float32")
+    lengths = [200, 700, 202, 201, 705, 1900, 204]  # characters of the renders below
+    assert bb._batches(lengths) == [[0, 3, 2], [6], [1, 4], [5]]
+    for b in bb._batches(lengths):
+        assert len(b) * max(lengths[i] for i in b) <= (1 + PAD_SHARE) * sum(lengths[i] for i in b)
+    bb.device = "cuda"  # the rule only: on a GPU, batch rows whatever their padding
+    assert bb._batches(lengths) == [[0, 3, 2], [6, 1, 4], [5]]
+    bb.device = "cpu"
+    convs = [_user("x" * (n - len(render([])) - 8)) for n in lengths]
+    assert [len(render(c)) for c in convs] == lengths
+    together = bb.features(convs)
+    for i, c in enumerate(convs):
+        np.testing.assert_allclose(together[i], bb.features([c])[0], rtol=1e-5, atol=1e-5)
+
+
 def test_separation_check_catches_copies_light_edits_and_paraphrases(clf):
     tuning = load_cases("tuning")
     copied = copy.deepcopy(tuning[100])

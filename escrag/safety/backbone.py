@@ -8,6 +8,7 @@ import numpy as np
 QUESTION = ("\n\nQuestion: Is anyone in this conversation in immediate danger of suicide, self-harm, "
             "violence, abuse or a medical emergency? Answer:")
 MAX_CHARS = 2000  # the conversation's last characters that are read (the question is always whole)
+PAD_SHARE = 0.1  # on a CPU, the most padding a batch may add to its real length (characters)
 
 
 def render(history: list[dict]) -> str:
@@ -30,10 +31,16 @@ def conv_dtype(sc) -> str:
 
 class Backbone:
     """``features(histories) -> [n, len(layers) * hidden]``: the model's hidden states after each of
-    ``layers`` averaged over the tokens of ``render(history)``. Right padding, so a row's states do
-    not depend on its batch (causal attention) but in bfloat16's last bits; float32 weights, under
-    bfloat16 autocast when ``dtype`` is bfloat16, on the CPU or a GPU (``safety.conv_device``; a
-    backbone larger than the default is a GPU's job)."""
+    ``layers`` averaged over the tokens of ``render(history)``; float32 weights, under bfloat16
+    autocast when ``dtype`` is bfloat16, on the CPU or a GPU (``safety.conv_device``; a backbone
+    larger than the default is a GPU's job).
+
+    Batches: renders sorted by length, ``safety.conv_batch`` at a time, padded on the right (a row's
+    states do not depend on its batch, causal attention, but in the last bits). On a CPU a batch also
+    ends where its padding would pass ``PAD_SHARE``: padding costs as much as real tokens there, and
+    renders run 30-520 tokens. Measured (SmolLM2, bfloat16, 2 cores): 8 ESConv histories, padded
+    together, 2.1 s, alone 1.4 s; but 275 one- or two-turn safety cases alone 17.6 s against 6.6 s
+    batched (per-call cost dominates short inputs)."""
 
     def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu", dtype: str = "bfloat16"):
         import torch
@@ -62,13 +69,26 @@ class Backbone:
         from tqdm import tqdm
 
         texts = [render(h) for h in histories]
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch together
         out = [None] * len(texts)
-        for s in tqdm(range(0, len(order), self.batch), desc=progress, unit="batch", disable=progress is None):
-            idx = order[s:s + self.batch]
+        for idx in tqdm(self._batches([len(t) for t in texts]), desc=progress, unit="batch",
+                        disable=progress is None):
             for i, row in zip(idx, self._forward([texts[i] for i in idx])):
                 out[i] = row
         return np.stack(out) if out else np.zeros((0, len(self.layers) * self.lm.config.hidden_size), np.float32)
+
+    def _batches(self, lengths: list[int]) -> list[list[int]]:
+        """Indices in batches of similar length (sorted, at most ``batch``); on a CPU a batch also
+        stops where padding would exceed ``PAD_SHARE`` of its real length (see the class doc)."""
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        batches: list[list[int]] = []
+        for i in order:
+            b = batches[-1] if batches else None
+            if (b is None or len(b) == self.batch or self.device == "cpu"
+                    and (len(b) + 1) * lengths[i] > (1 + PAD_SHARE) * (sum(lengths[j] for j in b) + lengths[i])):
+                batches.append([i])
+            else:
+                b.append(i)
+        return batches
 
     def _forward(self, texts: list[str]) -> np.ndarray:
         torch = self._torch
