@@ -81,10 +81,11 @@ class Backbone:
         stops where padding would exceed ``PAD_SHARE`` of its real length (see the class doc)."""
         order = sorted(range(len(lengths)), key=lengths.__getitem__)
         batches: list[list[int]] = []
-        for i in order:
-            b = batches[-1] if batches else None
-            if (b is None or len(b) == self.batch or self.device == "cpu"
-                    and (len(b) + 1) * lengths[i] > (1 + PAD_SHARE) * (sum(lengths[j] for j in b) + lengths[i])):
+        for i in order:  # ascending, so lengths[i] is the padded length of the batch it joins
+            b = batches[-1] if batches else []
+            real = sum(lengths[j] for j in b) + lengths[i]
+            padded_too_much = self.device == "cpu" and (len(b) + 1) * lengths[i] > (1 + PAD_SHARE) * real
+            if not b or len(b) == self.batch or padded_too_much:
                 batches.append([i])
             else:
                 b.append(i)
