@@ -26,6 +26,7 @@ import torch
 from escrag.config import load_config
 from escrag.models import fast_bfloat16
 from rollout.engines.base import SamplingParams
+from rollout.engines.decoder import cpu_packing
 from rollout.engines.hf_engine import HFEngine
 
 RO = load_config("configs/cpu-test.yaml").rollout  # float32, compile off
@@ -240,15 +241,19 @@ def test_bfloat16_logprobs_are_close_to_a_float32_teacher(tiny_model, engine):
     assert gaps.max() < 0.02 and gaps.mean() < 0.005, gaps
 
 
-def test_bfloat16_engine_follows_in_place_weight_loads(tiny_model):
-    """After a load into linear weights, the bf16 engine (packed linears on a CPU) still matches the
-    model's own HF forward on the tokens it drew."""
-    bf16 = HFEngine(tiny_model, RO, dtype="bfloat16", seed=0)
-    down = bf16.model.model.layers[1].mlp.down_proj.weight
-    bf16.load_weights({"model.layers.1.mlp.down_proj.weight": down * 8, "lm_head.weight": bf16.model.lm_head.weight * 4},
-                      version=1)
-    for p, g in zip(PROMPTS, bf16.generate(PROMPTS, params(12), seeds=[1, 2, 3])):
-        assert torch.allclose(torch.tensor(g.logprobs), _teacher_forced(bf16.model, p, g.token_ids), atol=0.05)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_follows_in_place_weight_loads(tiny_model, dtype):
+    """After a load into linear weights, the engine (oneDNN-packed linears on a CPU, float32 too)
+    still matches the model's own HF forward on the tokens it drew."""
+    eng = HFEngine(tiny_model, RO, dtype=dtype, seed=0)
+    assert eng.decoder.packed == cpu_packing(getattr(torch, dtype))
+    layers = eng.model.model.layers  # a plain packed linear, one fused with others (q/k/v), the tied head
+    eng.load_weights({"model.layers.1.mlp.down_proj.weight": layers[1].mlp.down_proj.weight * 8,
+                      "model.layers.0.self_attn.k_proj.weight": layers[0].self_attn.k_proj.weight * 8,
+                      "lm_head.weight": eng.model.lm_head.weight * 4}, version=1)
+    atol = 1e-4 if dtype == "float32" else 0.05
+    for p, g in zip(PROMPTS, eng.generate(PROMPTS, params(12), seeds=[1, 2, 3])):
+        assert torch.allclose(torch.tensor(g.logprobs), _teacher_forced(eng.model, p, g.token_ids), atol=atol)
 
 
 def test_max_seq_len_ends_rows_and_rejects_longer_prompts(tiny_model):

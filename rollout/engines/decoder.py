@@ -86,7 +86,7 @@ class SlotDecoder:
         self.slots = 0
         self.compiled = ro.compile
         self.fixed_rows = ro.max_batch if ro.batch_invariant else 0  # every decode step runs this many rows
-        self.packed = self.device.type == "cpu" and self.dtype == torch.bfloat16 and bf16_packing()
+        self.packed = self.device.type == "cpu" and cpu_packing(self.dtype)
         self.fused: list[tuple] = []  # per layer (qkv, gate_up): FusedLinear keys and biases (packed path)
         self._fused: dict[int, FusedLinear] = {}  # member weight or bias data_ptr -> its fused linear
         if self.packed:
@@ -292,26 +292,32 @@ def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int, 
     return x + _linear(mlp.down_proj, mlp.act_fn(gate) * up, packed)
 
 
-# ------------------------------------------------------------------ oneDNN-packed linears (CPU bf16)
+# ------------------------------------------------------------------ oneDNN-packed linears (CPU)
 # A bfloat16 matmul on the CPU reorders its weight into oneDNN's blocked layout on every call; packed
 # once, the layers' linears run 1.1-1.9x faster (most at small batches: 1.6x at 8 rows on this CPU).
+# A float32 matmul goes to MKL, which on this AMD CPU runs SmolLM2's linears at 11 GB/s at 8 rows
+# (oneDNN packed: 30 GB/s) and at half oneDNN's rate at 1,360 rows (a prefill); packed, the whole
+# float32 engine runs ~2x faster (bench/bench_engine.py).
 # A custom op, so that compiled graphs call it too and read the packed copies of the weights as they
 # are when the graph runs (``SlotDecoder.repack`` after an in-place weight load).
 
 _PACKED: dict[int, torch.Tensor] = {}  # weight data_ptr -> its oneDNN-packed copy
 
 
-def bf16_packing() -> bool:
-    """oneDNN's packed bfloat16 linears need AVX512 (bw/vl/dq) or AVX-NE-CONVERT; on a CPU without them
-    (AVX2 only) ``_reorder_linear_weight`` raises, so the engine keeps plain ``F.linear`` there."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+def cpu_packing(dtype: torch.dtype) -> bool:
+    """Whether the engine packs its linears for oneDNN: float32 wherever PyTorch has oneDNN; bfloat16
+    also needs AVX512 (bw/vl/dq) or AVX-NE-CONVERT (on an AVX2-only CPU ``_reorder_linear_weight``
+    raises, so the engine keeps plain ``F.linear`` there)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack_weight(weight: torch.Tensor) -> None:
     ptr = weight.data_ptr()
     if ptr not in _PACKED:
         weakref.finalize(weight, _PACKED.pop, ptr, None)  # dropped with the weight
-    _PACKED[ptr] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    _PACKED[ptr] = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
 @torch.library.custom_op("escrag::packed_linear", mutates_args=())
@@ -348,11 +354,12 @@ class FusedLinear:
     @torch.no_grad()
     def refresh(self) -> None:
         weight = torch.cat([m.weight.detach() for m in self.linears])
-        _PACKED[self.key.data_ptr()] = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        _PACKED[self.key.data_ptr()] = torch.ops.mkldnn._reorder_linear_weight(weight)
         if self.bias is not None:  # in place: compiled graphs read this tensor
             self.bias.copy_(torch.cat([m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0])
                                        for m in self.linears]))
 
 
 def _linear(module: torch.nn.Linear, x: torch.Tensor, packed: bool) -> torch.Tensor:
-    return packed_linear(x, module.weight, module.bias) if packed else module(x)
+    """Through the packed copy on the packed path; a module put in a linear's place runs as it is."""
+    return packed_linear(x, module.weight, module.bias) if packed and isinstance(module, torch.nn.Linear) else module(x)
