@@ -173,11 +173,27 @@ def test_samples_of_one_prompt_prefill_it_once(tiny_model):
     fresh = HFEngine(tiny_model, RO, seed=0)
     prompt = PROMPTS[0] * 3  # 27 tokens: past MIN_REUSE
     gens = fresh.generate([prompt] * 4, params(6), seeds=[1, 2, 3, 4])
-    # the first row prefills the prompt; the other three wait one step and copy all but its last token
-    assert fresh.stats["prefill_passes"] == 2
+    # the first row prefills the prompt; in a second pass the other three copy all but its last token
+    assert fresh.stats["prefill_passes"] == 2 and fresh.stats["steps"] == 5  # all four drew token 1 at once
     assert fresh.stats["prefill_tokens"] == len(prompt) + 3 and fresh.stats["reused_tokens"] == 3 * (len(prompt) - 1)
     alone = [fresh.generate([prompt], params(6), seeds=[s])[0] for s in (1, 2, 3, 4)]
     assert [g.token_ids for g in gens] == [a.token_ids for a in alone]
+
+
+def test_rows_sharing_a_system_prompt_compute_it_once(tiny_model):
+    """Prompts that share a prefix shorter than half of each (a system prompt) enter together: one
+    pass computes the first prompt, a second pass the others' tails over a copy of the shared K/V."""
+    fresh = HFEngine(tiny_model, RO, seed=0)
+    system = PROMPTS[0] * 2  # 18 tokens: past MIN_REUSE
+    tails = [[7] + PROMPTS[1] * 3, [8] + PROMPTS[2] * 4, [9] + PROMPTS[1] * 3]  # 31 / 29 / 31 tokens
+    prompts = [system + t for t in tails]
+    gens = fresh.generate(prompts, params(6), seeds=[1, 2, 3])
+    assert fresh.stats["prefill_passes"] == 2 and fresh.stats["reused_tokens"] == 2 * len(system)
+    assert fresh.stats["prefill_tokens"] == len(prompts[0]) + len(tails[1]) + len(tails[2])
+    alone = [fresh.generate([p], params(6), seeds=[s])[0] for p, s in zip(prompts, (1, 2, 3))]
+    assert [g.token_ids for g in gens] == [a.token_ids for a in alone]
+    for g, a in zip(gens, alone):
+        assert g.logprobs == pytest.approx(a.logprobs, abs=1e-4)
 
 
 def test_async_front_batches_concurrent_requests_and_drops_finished_rows(engine):

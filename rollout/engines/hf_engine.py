@@ -42,8 +42,9 @@ Compiled, its one-row prefill passes run eagerly and its step is the graph compi
 option (``SlotDecoder.prefill``, ``decode``): nothing more to compile.
 
 Prefix cache: a new row copies the K/V of the longest prefix of its prompt that a live row or a
-recently finished row (``rollout.prefix_cache_tokens``) already computed, and prefills only the rest.
-The N samples of a stage-1 prompt prefill it once, and a stage-2 prompt (p1 + ĉ + feedback) reuses
+recently finished row (``rollout.prefix_cache_tokens``) already computed, or a row entering with it
+(``_admit``), and prefills only the rest. The N samples of a stage-1 prompt prefill it once, prompts
+sharing the system prompt compute it once, and a stage-2 prompt (p1 + ĉ + feedback) reuses
 the K/V of its own stage-1 row. Copied K/V equal recomputed K/V up to the rounding of a different
 matmul shape.
 
@@ -242,37 +243,31 @@ class HFEngine(GenerationEngine):
         return [r.request for r in done if r.request.row_done()]
 
     def _admit(self) -> list[_Row]:
-        """Move waiting rows into free slots: one batched prefill (a pass per row under
-        ``rollout.batch_invariant``), then each row's first token."""
-        live, rows, starts = self._live, [], []
+        """Move waiting rows into free slots, then sample each row's first token. Each row copies the
+        K/V of the longest prefix of its prompt that a live row, the prefix cache or a row entering with
+        it computes (``_plan``); rows enter in prefill passes by depth: first those that copy from no
+        entering row, then those that copy from them, and so on (a pass per row under
+        ``rollout.batch_invariant``). So rows sharing a system prompt compute it once, and the N
+        samples of a prompt prefill it once."""
+        live, rows, plans = self._live, [], []
         while len(live) + len(rows) < self.max_batch:
             with self._queue:
                 if not self._waiting or self._waiting[0].key != (live or rows or self._waiting)[0].key:
                     break
                 row = self._waiting[0]
-            start, source = self._reuse(row)
-            if rows and not self.invariant and not self._fits(row, start, rows, starts):
+            plan = self._plan(row, rows, plans)
+            if rows and not self.invariant and not self._fits(row, plan, rows, plans):
                 break
             with self._queue:
                 self._waiting.popleft()
-            slot = len(live) + len(rows)
-            self.decoder.reserve(slot + 1)
-            if isinstance(source, int):
-                self.decoder.copy(source, slot, start)
-            elif source is not None:
-                self.decoder.restore(source, slot, start)
             rows.append(row)
-            starts.append(start)
-            self.stats["prefill_tokens"] += len(row.prompt) - start
-            self.stats["reused_tokens"] += start
+            plans.append(plan)
         if not rows:
             return []
         self.stats["joined_running"] += len(rows) * any(len(r.token_ids) > 1 for r in live)
-        if self.invariant:  # a pass per row: a batched pass runs other kernel shapes (module doc)
-            logits = torch.cat([self.decoder.prefill(len(live) + i, [r.prompt], [0]) for i, r in enumerate(rows)])
-        else:
-            logits = self.decoder.prefill(len(live), [r.prompt for r in rows], starts)
-        self.stats["prefill_passes"] += len(rows) if self.invariant else 1
+        order = sorted(range(len(rows)), key=lambda i: plans[i][2])  # by depth; stable
+        rows, plans = [rows[i] for i in order], [plans[i] for i in order]
+        logits = self._prefill(rows, plans)
         p = rows[0].request.params
         toks, logps = sample(logits, p.temperature, p.top_p, p.top_k, torch.tensor([r.seed for r in rows]),
                              torch.zeros(len(rows), dtype=torch.long))
@@ -283,6 +278,49 @@ class HFEngine(GenerationEngine):
         done = [live[i] for i in finished]
         self._retire(finished)
         return done
+
+    def _prefill(self, rows: list[_Row], plans: list[tuple]) -> torch.Tensor:
+        """Prefill ``rows`` (sorted by depth) into the slots after the live rows, a pass per depth (a
+        pass per row under ``rollout.batch_invariant``), each row's cached prefix copied in first;
+        returns the logits after each prompt, [len(rows), vocab]."""
+        first = len(self._live)
+        self.decoder.reserve(first + len(rows))
+        slot = {id(r): first + i for i, r in enumerate(rows)}
+        depths = [d for _, _, d in plans]
+        logits = []
+        for d in sorted(set(depths)):
+            lo, hi = depths.index(d), len(depths) - depths[::-1].index(d)
+            for i in range(lo, hi):
+                start, source, _ = plans[i]
+                if isinstance(source, _Row):  # a row of an earlier pass
+                    self.decoder.copy(slot[id(source)], first + i, start)
+                elif isinstance(source, int):
+                    self.decoder.copy(source, first + i, start)
+                elif source is not None:
+                    self.decoder.restore(source, first + i, start)
+                self.stats["prefill_tokens"] += len(rows[i].prompt) - start
+                self.stats["reused_tokens"] += start
+            if self.invariant:  # a batched pass runs other kernel shapes (module doc)
+                logits += [self.decoder.prefill(first + i, [rows[i].prompt], [0]) for i in range(lo, hi)]
+            else:
+                logits.append(self.decoder.prefill(first + lo, [r.prompt for r in rows[lo:hi]],
+                                                   [start for start, _, _ in plans[lo:hi]]))
+            self.stats["prefill_passes"] += hi - lo if self.invariant else 1
+        return torch.cat(logits)
+
+    def _plan(self, row: _Row, rows: list[_Row], plans: list[tuple]) -> tuple[int, object, int]:
+        """(start, source, depth): the longest prefix of ``row``'s prompt to copy, where from (a live
+        slot, saved K/V, a row entering before it, or None) and the prefill pass it joins (one deeper
+        than the entering row it copies from, else 0)."""
+        start, source = self._reuse(row)
+        depth = 0
+        if self.invariant:
+            return start, source, depth
+        for other, (_, _, d) in zip(rows, plans):
+            n = common_prefix(row.prompt, other.prompt, len(row.prompt) - 1)
+            if n > start:
+                start, source, depth = n, other, d + 1
+        return start, source, depth
 
     def _reuse(self, row: _Row) -> tuple[int, int | torch.Tensor | None]:
         """The longest cached prefix of ``row``'s prompt: (length, live slot or saved K/V); (0, None)
@@ -299,18 +337,15 @@ class HFEngine(GenerationEngine):
             best, source = hit
         return (best, source) if best >= MIN_REUSE else (0, None)
 
-    def _fits(self, row: _Row, start: int, rows: list[_Row], starts: list[int]) -> bool:
-        """Whether ``row`` joins this prefill pass: not when it shares most of its prompt with a row
-        of the pass (it waits one step and copies that row's K/V: the N samples of a prompt prefill it
-        once), nor when padding to the longest row would waste more than ``PREFILL_PAD`` of the pass,
-        nor past its token budget or the cache."""
-        shared = max(common_prefix(row.prompt, r.prompt, len(row.prompt) - 1) for r in rows)
-        if shared > start and 2 * shared >= len(row.prompt):
-            return False
-        lens = [len(row.prompt) - start, *(len(r.prompt) - s for r, s in zip(rows, starts))]
+    def _fits(self, row: _Row, plan: tuple, rows: list[_Row], plans: list[tuple]) -> bool:
+        """Whether ``row`` enters with ``rows``: not when padding to the longest row of its pass would
+        waste more than ``PREFILL_PAD`` of the pass, nor past the pass's token budget or the cache."""
+        start, _, depth = plan
+        same = [(r, p[0]) for r, p in zip(rows, plans) if p[2] == depth]
+        lens = [len(row.prompt) - start, *(len(r.prompt) - s for r, s in same)]
         padded = len(lens) * max(lens)
         return (padded <= PREFILL_TOKENS and padded <= (1 + PREFILL_PAD) * sum(lens)
-                and max(start, *starts) + max(lens) <= self.decoder.cache_len)
+                and max([start, *(s for _, s in same)]) + max(lens) <= self.decoder.cache_len)
 
     def _step(self) -> list[_Row]:
         live = self._live
