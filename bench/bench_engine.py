@@ -15,9 +15,12 @@ table). Each of ours is compared with ``hf`` at its own dtype where that ran (is
 
 The weight-read bound (issue 27): a decode step reads every weight once, so at most
 ``bandwidth / weight bytes`` steps a second, ``batch`` tokens each. The run measures the bandwidth
-(a 1 GiB ``copy_`` on ``--threads`` threads, bytes read per second, median of 5) and counts the
-model's weight bytes at each dtype (the tied embedding once: the LM head reads it whole); the table
-gives each of ours as a share of that bound.
+right before every timed run, in the variant's process on the thread that runs it (a 256 MiB
+``copy_`` on ``--threads`` threads, bytes read per second, median of 5: on this VM it moves from 17
+to 33 GB/s within minutes, so one reading for the whole run misstates the bound of most runs), and
+counts the model's weight bytes at each dtype (the tied embedding once: the LM head reads it whole).
+The table gives each of ours as a share of that bound: the median over its runs of tok/s over
+``batch x bandwidth / weight bytes`` of the same run.
 
 Each variant runs in its own process (each then has the process's only OpenMP pool, as a rollout
 worker does: rollout/engines/hf_engine.py); runs interleave (batch x variant, ``--repeats`` rounds, one
@@ -147,15 +150,31 @@ class Ours:
         return sum(len(g.token_ids) for g in gens)
 
 
-def timed(fn, batch) -> dict:
+def copy_bandwidth() -> float:
+    """Bytes read per second by a 256 MiB ``copy_`` (median of 5 after one warm-up) on this thread's
+    torch threads."""
+    import torch
+
+    src, dst = torch.ones(1 << 26), torch.empty(1 << 26)
+    times = []
+    for _ in range(6):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return src.numel() * 4 / statistics.median(times[1:])
+
+
+def timed(fn, batch, call) -> dict:
     """Wall time, and this process's CPU time (all its threads): on a shared machine tokens per CPU
-    second compare variants more stably than tokens per wall second."""
+    second compare variants more stably than tokens per wall second. The copy bandwidth is read just
+    before, on the thread that runs ``fn`` (``call``)."""
+    bandwidth = call(copy_bandwidth)
     load = os.getloadavg()[0]
     t, c = time.perf_counter(), time.process_time()
     tokens = fn(batch)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "cpu_s": cpu, "tok_cpu_s": tokens / cpu,
-            "load1": load}
+            "load1": load, "bandwidth_bytes_s": bandwidth}
 
 
 def logprob_gap(ours: Ours, spec: str, batch: list[list[int]]) -> dict:
@@ -195,7 +214,7 @@ def serve_variant(name: str, args, ids: list[list[int]], max_seq: int, conn) -> 
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         kind, b = msg
-        conn.send(timed(runner.run, ids[:b]) if kind == "run" else call(logprob_gap, runner, args.model, ids[:b]))
+        conn.send(timed(runner.run, ids[:b], call) if kind == "run" else call(logprob_gap, runner, args.model, ids[:b]))
 
 
 def measure(args) -> dict:
@@ -254,39 +273,26 @@ def measure(args) -> dict:
             proc.join(timeout=30)
 
 
-def weight_read_bound(spec: str, threads: int, names: list[str]) -> dict:
-    """Copy bandwidth (bytes read per second, 1 GiB ``copy_``, median of 5) and, per dtype of the
-    variants, the model's weight bytes and the decode steps per second they allow."""
-    import torch
-
+def weight_read_bound(spec: str, names: list[str], runs: dict) -> dict:
+    """The copy bandwidth read beside the runs (median, range), the model's weight bytes per dtype of
+    the variants, and per variant and batch the median share of the bound of each run."""
     from escrag.models import engine_dtype, load_causal_lm
 
-    torch.set_num_threads(threads)
-    src, dst = torch.empty(1 << 28, dtype=torch.float32).fill_(1.0), torch.empty(1 << 28, dtype=torch.float32)
-    times = []
-    for _ in range(6):
-        t = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t)
-    bandwidth = src.numel() * 4 / statistics.median(times[1:])
-    del src, dst
     params = {p.data_ptr(): p.numel() for p in load_causal_lm(spec, "float32").parameters()}  # tied: once
-    out = {"bandwidth_bytes_s": bandwidth, "params": sum(params.values()), "steps_s": {}, "weight_bytes": {}}
+    bws = [x["bandwidth_bytes_s"] for v in runs.values() for x in v]
+    out = {"bandwidth_bytes_s": statistics.median(bws), "bandwidth_range": [min(bws), max(bws)],
+           "params": sum(params.values()), "weight_bytes": {}, "share": {}}
     for name in names:
-        _, dtype = split_variant(name)
+        kind, dtype = split_variant(name)
         dtype = engine_dtype(dtype, "float32", "cpu")
         out["weight_bytes"][dtype] = out["params"] * (4 if dtype == "float32" else 2)
-        out["steps_s"][dtype] = bandwidth / out["weight_bytes"][dtype]
+        if kind == "hf":
+            continue
+        for key in (k for k in runs if k.startswith(name + "/b")):
+            b = int(key.rsplit("/b", 1)[1])
+            out["share"][key] = statistics.median(
+                x["tok_s"] / (b * x["bandwidth_bytes_s"] / out["weight_bytes"][dtype]) for x in runs[key])
     return out
-
-
-def _bound_share(res: dict, name: str, b: str) -> float | None:
-    """tok/s of ``name`` at batch ``b`` over the weight-read bound at its dtype (None for hf)."""
-    from escrag.models import engine_dtype
-
-    kind, dtype = split_variant(name)
-    steps = res.get("bound", {}).get("steps_s", {}).get(engine_dtype(dtype, "float32", "cpu"))
-    return None if kind == "hf" or not steps else res["median_tok_s"][f"{name}/b{b}"] / (steps * int(b))
 
 
 def print_table(res: dict) -> None:
@@ -301,13 +307,16 @@ def print_table(res: dict) -> None:
             for b in batches:
                 v, ref = med[f"{n}/b{b}"], med.get(f"{base}/b{b}") if base else None
                 row += f"{v:>16.1f}" + (f"{v / ref:>7.2f}" if ref else f"{'':>7}")
-            share = _bound_share(res, n, batches[0]) if key == "median_tok_s" else None
+            share = res.get("bound", {}).get("share", {}).get(f"{n}/b{batches[0]}") if key == "median_tok_s" else None
             print(row + (f"{share:>13.0%}" if share is not None else ""))
     if "bound" in res:
         bd = res["bound"]
-        print(f"weight-read bound: {bd['bandwidth_bytes_s'] / 1e9:.1f} GB/s copy bandwidth; " + ", ".join(
-            f"{d} {bd['weight_bytes'][d] / 1e6:.0f} MB a step = {bd['steps_s'][d]:.1f} steps/s"
-            for d in bd["steps_s"]) + f" (x batch = tok/s); {bd['params'] / 1e6:.1f} M parameters, tied once")
+        lo, hi = bd["bandwidth_range"]
+        print(f"weight-read bound, read before each run: copy bandwidth median {bd['bandwidth_bytes_s'] / 1e9:.1f} "
+              f"GB/s ({lo / 1e9:.1f}-{hi / 1e9:.1f}); " + ", ".join(
+                  f"{d} {w / 1e6:.0f} MB a step" for d, w in bd["weight_bytes"].items())
+              + f"; {bd['params'] / 1e6:.1f} M parameters, tied once; share = median over runs of tok/s over "
+              "batch x bandwidth / weight bytes of that run")
     if "compile_s" in res:
         print("compile time (warm-up minus median run): " +
               ", ".join(f"{k} {v:.0f} s" for k, v in res["compile_s"].items()) +
@@ -328,7 +337,7 @@ def main(argv=None) -> int:
         if args.cold_compile:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp  # read when inductor first compiles
         res = measure(args)
-    res["bound"] = weight_read_bound(args.model, args.threads, [n for n in args.variants.split(",") if n])
+    res["bound"] = weight_read_bound(args.model, [n for n in args.variants.split(",") if n], res["runs"])
     print_table(res)
     print(f"wrote {write_json(args.out, res)}")
     return 0
