@@ -239,31 +239,35 @@ class SlotDecoder:
         cos, sin = cos[:, None], sin[:, None]  # [n, 1, T, D]: broadcast over heads
         groups, kv_len = self.heads // self.kv_heads, mask.shape[-1]
         mask = mask[:, None, None].expand(n, 1, groups, t, kv_len).reshape(n, 1, groups * t, kv_len)
+        # additive: SDPA would turn a bool mask into this in every layer
+        mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         rows = (torch.arange(n, device=ids.device) if slots is None else slots)[:, None]
+        # eager, the layer halves run as plain functions: a nested region or a custom op costs a few
+        # microseconds a call in Python, ~4 ms of a 30 ms decode step
+        qkv, attend = (_qkv, _attend_and_mlp) if torch.compiler.is_compiling() else (_qkv_fn, _attend_and_mlp_fn)
         for i, (layer, k_cache, v_cache) in enumerate(zip(self.inner.layers, self.keys, self.values)):
             fused = self.fused[i] if self.fused else None
-            q, k, v = _qkv(layer, x, cos, sin, self.heads, self.kv_heads, fused)
+            q, k, v = qkv(layer, x, cos, sin, self.heads, self.kv_heads, fused)
             k_cache[rows, :, pos] = k  # [n, T, kv_heads, D] at each row's positions
             v_cache[rows, :, pos] = v
             if slots is None:
                 keys, values = k_cache[:n, :, :kv_len], v_cache[:n, :, :kv_len]
             else:
                 keys, values = k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len]
-            x = _attend_and_mlp(layer, x, q, keys, values, mask, self.heads, self.kv_heads, fused)
+            x = attend(layer, x, q, keys, values, mask, self.heads, self.kv_heads, fused)
         return x
 
 
 # Under torch.compile each of these is compiled once and stamped out for every layer. The cache
 # writes stay outside them: nested regions that mutate their inputs lose the dynamic batch size.
-@torch.compiler.nested_compile_region
-def _qkv(layer, x, cos, sin, heads: int, kv_heads: int, fused: tuple | None):
+def _qkv_fn(layer, x, cos, sin, heads: int, kv_heads: int, fused: tuple | None):
     """Pre-norm, projections (one fused matmul on the packed path), rotary embedding: q [n, H, T, D];
     k, v [n, T, kv_heads, D]."""
     attn, (n, t, _) = layer.self_attn, x.shape
     h = layer.input_layernorm(x)
     if fused is not None:
         sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
-        q, k, v = packed_linear(h, fused[0], fused[1]).split(sizes, dim=-1)
+        q, k, v = _packed(h, fused[0], fused[1]).split_with_sizes(sizes, dim=-1)
         v = v.contiguous()  # a region's output must not be a view of its intermediate (torch 2.13: NaN)
     else:
         q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
@@ -273,8 +277,7 @@ def _qkv(layer, x, cos, sin, heads: int, kv_heads: int, fused: tuple | None):
     return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin).transpose(1, 2), v
 
 
-@torch.compiler.nested_compile_region
-def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int, fused: tuple | None):
+def _attend_and_mlp_fn(layer, x, q, keys, values, mask, heads: int, kv_heads: int, fused: tuple | None):
     """Attention of q over the rows' cached K/V (grouped queries as rows of their K/V head), the
     output projection, then the MLP, with pre-norm residuals."""
     attn, (n, t, _) = layer.self_attn, x.shape
@@ -286,10 +289,14 @@ def _attend_and_mlp(layer, x, q, keys, values, mask, heads: int, kv_heads: int, 
     x = x + _linear(attn.o_proj, out, packed)
     mlp, h = layer.mlp, layer.post_attention_layernorm(x)  # Llama-family MLP: down(act(gate) * up)
     if packed:
-        gate, up = packed_linear(h, fused[2], fused[3]).chunk(2, dim=-1)
+        gate, up = _packed(h, fused[2], fused[3]).chunk(2, dim=-1)
     else:
         gate, up = mlp.gate_proj(h), mlp.up_proj(h)
     return x + _linear(mlp.down_proj, mlp.act_fn(gate) * up, packed)
+
+
+_qkv = torch.compiler.nested_compile_region(_qkv_fn)
+_attend_and_mlp = torch.compiler.nested_compile_region(_attend_and_mlp_fn)
 
 
 # ------------------------------------------------------------------ oneDNN-packed linears (CPU)
@@ -320,12 +327,14 @@ def pack_weight(weight: torch.Tensor) -> None:
     _PACKED[ptr] = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
-@torch.library.custom_op("escrag::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _packed_linear_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` through the packed copy of ``weight``."""
     out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), _PACKED[weight.data_ptr()], bias,
                                              "none", [], "")
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+packed_linear = torch.library.custom_op("escrag::packed_linear", _packed_linear_fn, mutates_args=())
 
 
 @packed_linear.register_fake
@@ -360,6 +369,11 @@ class FusedLinear:
                                        for m in self.linears]))
 
 
+def _packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The custom op where a graph is traced, the plain function eagerly (the op's Python costs)."""
+    return (packed_linear if torch.compiler.is_compiling() else _packed_linear_fn)(x, weight, bias)
+
+
 def _linear(module: torch.nn.Linear, x: torch.Tensor, packed: bool) -> torch.Tensor:
     """Through the packed copy on the packed path; a module put in a linear's place runs as it is."""
-    return packed_linear(x, module.weight, module.bias) if packed and isinstance(module, torch.nn.Linear) else module(x)
+    return _packed(x, module.weight, module.bias) if packed and isinstance(module, torch.nn.Linear) else module(x)
