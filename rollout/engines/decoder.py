@@ -34,6 +34,7 @@ lays out attention itself; tests compare it with HF's forward.
 
 from __future__ import annotations
 
+import platform
 import weakref
 
 import torch
@@ -312,12 +313,15 @@ _PACKED: dict[int, torch.Tensor] = {}  # weight data_ptr -> its oneDNN-packed co
 
 
 def cpu_packing(dtype: torch.dtype) -> bool:
-    """Whether the engine packs its linears for oneDNN: float32 wherever PyTorch has oneDNN; bfloat16
-    also needs AVX512 (bw/vl/dq) or AVX-NE-CONVERT (on an AVX2-only CPU ``_reorder_linear_weight``
-    raises, so the engine keeps plain ``F.linear`` there)."""
+    """Whether the engine packs its linears for oneDNN: float32 on x86-64 (oneDNN's JIT kernels; on
+    other CPUs, Arm among them, its float32 path may be a reference loop, so ``F.linear`` stays);
+    bfloat16 where oneDNN's bf16 check passes (AVX512 bw/vl/dq or AVX-NE-CONVERT on x86: on an
+    AVX2-only CPU ``_reorder_linear_weight`` raises, so the engine keeps plain ``F.linear`` there)."""
     if not torch.backends.mkldnn.is_available():
         return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float32:
+        return platform.machine().lower() in ("x86_64", "amd64")
+    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def pack_weight(weight: torch.Tensor) -> None:
