@@ -60,6 +60,7 @@ the top 64 hold under 95% of the mass, so the sampled distribution is slightly s
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -286,15 +287,15 @@ class HFEngine(GenerationEngine):
         first = len(self._live)
         self.decoder.reserve(first + len(rows))
         slot = {id(r): first + i for i, r in enumerate(rows)}
-        depths = [d for _, _, d in plans]
         logits = []
-        for d in sorted(set(depths)):
-            lo, hi = depths.index(d), len(depths) - depths[::-1].index(d)
-            for i in range(lo, hi):
+        for _, group in itertools.groupby(range(len(rows)), key=lambda i: plans[i][2]):
+            group = list(group)
+            lo, hi = group[0], group[-1] + 1
+            for i in group:
                 start, source, _ = plans[i]
-                if isinstance(source, _Row):  # a row of an earlier pass
-                    self.decoder.copy(slot[id(source)], first + i, start)
-                elif isinstance(source, int):
+                if isinstance(source, _Row):  # a row of an earlier pass: now in its slot
+                    source = slot[id(source)]
+                if isinstance(source, int):
                     self.decoder.copy(source, first + i, start)
                 elif source is not None:
                     self.decoder.restore(source, first + i, start)
