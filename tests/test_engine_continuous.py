@@ -11,9 +11,11 @@
 - the slot forward equals HF's forward (logits); bfloat16 log-probs stay within a stated tolerance of
   a float32 teacher-forced forward, and follow in-place weight loads (oneDNN-packed linears on a CPU);
   max_seq_len ends a row and rejects longer prompts;
-- under torch.compile (two engines, each compiling a prefill pass and a decode step): float32 draws
-  exactly the eager tokens (the sampler in the graph is the eager one), in padded passes too; bfloat16 matches the model's own forward, and an in-place load of the LM
-  head is seen by the compiled graph.
+- under torch.compile (two engines, each compiling a decode step; the prefill is eager): float32
+  draws exactly the eager tokens (the sampler in the graph is the eager one), also for rows joining
+  mid-decode; bfloat16 matches the model's own forward, and an in-place load of the LM head is seen
+  by the compiled graph;
+- a failing prefill pass fails its requests (no caller waits forever) and the engine goes on.
 Run: .venv/bin/python -m pytest -q tests/test_engine_continuous.py"""
 
 import asyncio
@@ -162,11 +164,27 @@ def test_rows_entering_together_share_one_prefill_pass(engine):
     prompts = [PROMPTS[0], [1, 9519, 28, 940, 446, 2, 77, 78], [1, 77, 78, 79, 80, 81, 82, 83, 84]]
     alone = [engine.generate([p], params(8), seeds=[s])[0] for p, s in zip(prompts, [21, 22, 23])]
     before = dict(engine.stats)
-    together = engine.generate(prompts, params(8), seeds=[21, 22, 23])  # padded to 9 tokens in one pass
+    together = engine.generate(prompts, params(8), seeds=[21, 22, 23])  # one packed pass
     assert engine.stats["prefill_passes"] - before["prefill_passes"] == 1
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
     for g, a in zip(together, alone):
         assert g.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+
+
+def test_rows_of_unequal_lengths_enter_in_one_packed_pass(tiny_model):
+    """A 4-token and a 40-token prompt enter together (their tokens run packed, no padding): one pass,
+    both rows draw their first token at once, and each row's logits equal HF's forward of its prompt."""
+    fresh = HFEngine(tiny_model, RO, seed=0)
+    prompts = [[1, 77, 78, 79], [1] + list(range(600, 639))]
+    gens = fresh.generate(prompts, params(6), seeds=[1, 2])
+    assert fresh.stats["prefill_passes"] == 1 and fresh.stats["steps"] == 5
+    assert fresh.stats["prefill_tokens"] == 44
+    alone = [fresh.generate([p], params(6), seeds=[s])[0] for p, s in zip(prompts, (1, 2))]
+    assert [g.token_ids for g in gens] == [a.token_ids for a in alone]
+    logits = fresh.call(fresh.decoder.prefill, 0, prompts, [0, 0])
+    with torch.no_grad():
+        for row, p in zip(logits, prompts):
+            assert torch.allclose(row, fresh.model(torch.tensor([p])).logits[0, -1], atol=1e-5)
 
 
 def test_samples_of_one_prompt_prefill_it_once(tiny_model):
@@ -282,13 +300,31 @@ def test_max_seq_len_ends_rows_and_rejects_longer_prompts(tiny_model):
         eng.generate([[]], params(4))
 
 
+def test_a_failing_prefill_fails_its_requests_and_the_engine_goes_on(tiny_model, monkeypatch):
+    """Rows taken off the queue for a prefill pass that raises get the error (before: they were in
+    neither the queue nor the batch, and their caller waited forever)."""
+    eng = HFEngine(tiny_model, RO, seed=0)
+
+    def broken(*args):
+        raise RuntimeError("prefill failed")
+
+    monkeypatch.setattr(eng.decoder, "prefill", broken)
+    done = threading.Event()
+    request = eng.submit(PROMPTS[:2], params(4), [1, 2], done.set)
+    assert done.wait(timeout=30), "the request was lost"
+    with pytest.raises(RuntimeError, match="prefill failed"):
+        request.result()
+    monkeypatch.undo()
+    assert [len(g.token_ids) for g in eng.generate(PROMPTS[:2], params(4), seeds=[1, 2])] == [4, 4]
+
+
 # ------------------------------------------------------------------ compile
 
 
 def test_compiled_step_samples_what_eager_samples(tiny_model, engine):
-    """float32: the compiled prefill and step (sampler inside) draw exactly the eager engine's tokens,
-    also in the passes the compiled prefill pads: one row (its padding row writes the free slot after
-    it, past max_batch when the batch is full) and one token (the rows copying a prompt's K/V)."""
+    """float32: the compiled step (sampler inside) draws exactly the eager engine's tokens, after
+    1-row and 1-token prefill passes (rows copying a prompt's K/V) too, and for a row joining a full
+    batch mid-decode."""
     comp = HFEngine(tiny_model, _ro(compile=True, max_batch=4, max_seq_len=64), seed=0)
     p = params(12, 0.9, 0.95, 64)
     want = engine.generate(PROMPTS, p, seeds=[1, 2, 3])
@@ -309,7 +345,6 @@ def test_compiled_step_samples_what_eager_samples(tiny_model, engine):
         time.sleep(0.001)
     joined = comp.generate([PROMPTS[1] + [77, 78]], p, seeds=[11])
     done.wait()
-    assert comp.decoder.slots == 5  # the padding row's slot past max_batch
     assert joined[0].token_ids == engine.generate([PROMPTS[1] + [77, 78]], p, seeds=[11])[0].token_ids
     assert [g.token_ids for g in running.result()] == [
         g.token_ids for g in engine.generate(PROMPTS, params(40, 0.9, 0.95, 64), seeds=[8, 9, 10])]

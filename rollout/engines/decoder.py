@@ -4,12 +4,11 @@ Owns: ``SlotDecoder``. Each row of the running batch owns a slot of the KV cache
 [slots, kv_heads, max_seq_len, head_dim] in the model's dtype) and keeps its own position there, so
 rows of different lengths decode side by side with no padding and a row can enter a free slot while
 the others keep decoding (continuous batching, ``rollout/engines/hf_engine.py``). ``prefill`` runs the prompts
-of rows entering consecutive slots in one pass (K/V of a cached prefix can be copied in first,
-``copy``/``restore``); ``decode`` runs one token for slots [0, n) and samples inside the step
-(``escrag.sampling.sample``). With ``rollout.compile`` both are compiled with ``torch.compile``: the
-prefill once (rows, tokens and attended length dynamic), the step once per sampling parameters
-(temperature, top-p, top-k). Compiling the prefill fuses its norms, rotary embedding and MLP
-activation (on SmolLM2-135M at batch 8 the prefill is a quarter of a rollout's time).
+of rows entering consecutive slots in one pass, their tokens packed with no padding (K/V of a cached
+prefix can be copied in first, ``copy``/``restore``); ``decode`` runs one token for slots [0, n) and
+samples inside the step (``escrag.sampling.sample``). With ``rollout.compile`` the step is compiled
+with ``torch.compile``, once per sampling parameters (temperature, top-p, top-k); the prefill stays
+eager (``prefill``).
 
 Why not HF's forward with a ``StaticCache``: its cache writes one position for the whole batch, and
 its sdpa path copies grouped-query K/V per head under compile (design section 5). The forward here
@@ -34,6 +33,7 @@ lays out attention itself; tests compare it with HF's forward.
 
 from __future__ import annotations
 
+import itertools
 import platform
 import weakref
 
@@ -100,20 +100,18 @@ class SlotDecoder:
             for m in model.modules():
                 if isinstance(m, torch.nn.Linear) and m.weight.data_ptr() not in self._fused:
                     pack_weight(m.weight)
-        self._step, self._prefill = self._decode_step, self._forward
+        self._step = self._decode_step
         if ro.compile:
             # one graph per sampling params (and one for a batch of 1); dynamo's default limit is 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._step = torch.compile(self._decode_step, dynamic=False)
-            self._prefill = torch.compile(self._forward, dynamic=False)
 
     # ------------------------------------------------------------------ slots
 
     @torch.inference_mode(False)  # normal tensors, also when a pass reserves: copy() writes them outside
     def reserve(self, n: int) -> None:
-        """Make room for ``n`` slots (at least doubling, up to ``max_batch``, or n when more: a compiled
-        1-row prefill of the last slot needs one past it; existing slots keep
-        their K/V). The slot dimension is outermost, so views of [:n] keep their strides."""
+        """Make room for ``n`` slots (at least doubling, up to ``max_batch``, or n when more; existing
+        slots keep their K/V). The slot dimension is outermost, so views of [:n] keep their strides."""
         if n <= self.slots:
             return
         size = min(max(n, 2, 2 * self.slots), max(n, 2, self.max_batch))
@@ -167,38 +165,35 @@ class SlotDecoder:
     def prefill(self, first: int, prompts: list[list[int]], starts: list[int]) -> torch.Tensor:
         """Run ``prompts[i][starts[i]:]`` at positions starts[i].. of slot ``first + i`` (positions
         below start already hold the K/V of the prefix), all rows in one pass; returns the logits after
-        each prompt's last token, [n, vocab] float32. Shorter rows are padded at their end: the padding
-        writes K/V past the prompt, where a row writes each position before it attends it. Compiled,
-        a pass has at least 2 rows and 2 tokens (size 1 would compile another graph): a padding row
-        writes the free slot after the pass (``reserve`` keeps one), a 1-token pass gets a padding token.
-        Batch-invariant (``fixed_rows``), every pass is one row and runs eagerly: no padding row (it
-        doubled the pass's work) and no graph of its own to compile (the step's graph is the same one
-        as without the option). The GEMMs of a ~400-token prompt dominate it; eager costs them nothing."""
-        lens = [len(p) - s for p, s in zip(prompts, starts)]
-        n, t = len(prompts), max(lens)
-        if max(starts) + t > self.cache_len:
-            raise ValueError(f"prefill past the cache: start {max(starts)} + {t} tokens > {self.cache_len}")
-        ids = [p[s:] + [0] * (t - k) for p, s, k in zip(prompts, starts, lens)]
-        slots = list(range(first, first + n))
-        compiled = self.compiled and not self.fixed_rows
-        if compiled:
-            t = max(t, 2)
-            ids = [r + [0] * (t - len(r)) for r in ids]
-            if n == 1:
-                self.reserve(first + 2)
-                ids, starts, slots = ids + [[0] * t], starts + [0], slots + [first + 1]
-        ids, slots = torch.tensor(ids, device=self.device), torch.tensor(slots, device=self.device)
-        pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)
-        mask = torch.arange(max(starts) + t, device=self.device) <= pos[..., None]  # [n, T, kv_len]
-        if compiled:
-            for x in (ids, pos, mask, slots):
-                torch._dynamo.maybe_mark_dynamic(x, 0)
-            for x in (ids, pos, mask):
-                torch._dynamo.maybe_mark_dynamic(x, 1)
-            torch._dynamo.maybe_mark_dynamic(mask, 2)
-        hidden = (self._prefill if compiled else self._forward)(ids, pos, mask, slots)
-        last = hidden[torch.arange(n), torch.tensor(lens, device=self.device) - 1]
-        return self._logits(last).float()
+        each prompt's last token, [n, vocab] float32. The rows' tokens run packed, with no padding,
+        through the projections, norms and MLP (most of a pass); only attention lays them out as
+        [rows, longest row] (``_gather``). It runs eagerly, also with ``rollout.compile``: its GEMMs
+        dominate it, and a compiled pass would need a graph of its own (packed, that graph failed to
+        run in torch 2.13's inductor: a nested region's size symbol went unbound)."""
+        rows, n = [p[s:] for p, s in zip(prompts, starts)], len(prompts)
+        if max(s + len(r) for s, r in zip(starts, rows)) > self.cache_len:
+            raise ValueError(f"prefill past the cache: {max(s + len(r) for s, r in zip(starts, rows))} "
+                             f"positions > {self.cache_len}")
+        ends = list(itertools.accumulate(map(len, rows)))  # packed index after each row's last token
+        dev = self.device
+        ids = torch.tensor([x for r in rows for x in r], device=dev)[None]  # [1, N]
+        pos = torch.tensor([s + j for s, r in zip(starts, rows) for j in range(len(r))], device=dev)[None]
+        written = torch.tensor([first + i for i, r in enumerate(rows) for _ in r], device=dev)[None]
+        gather = self._gather(rows, ends) if n > 1 else None
+        row_pos = pos[0][gather[0]] if gather else pos  # [n, t]: a padding position repeats the last
+        mask = torch.arange(max(s + len(r) for s, r in zip(starts, rows)), device=dev) <= row_pos[..., None]
+        slots = torch.arange(first, first + n, device=dev)
+        hidden = self._forward(ids, pos, mask, written, slots, gather)
+        return self._logits(hidden[0, torch.tensor(ends, device=dev) - 1]).float()
+
+    def _gather(self, rows: list[list[int]], ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention's layout of a packed pass: ``pad`` [n, t] (t: the longest row) picks row i's
+        tokens out of the packed ones, its last token again past its end; ``unpad`` [N] picks the
+        packed tokens back out of [n * t]."""
+        t = max(map(len, rows))
+        pad = [[e - len(r) + min(j, len(r) - 1) for j in range(t)] for r, e in zip(rows, ends)]
+        unpad = [i * t + j for i, r in enumerate(rows) for j in range(len(r))]
+        return torch.tensor(pad, device=self.device), torch.tensor(unpad, device=self.device)
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int], seeds: list[int], steps: list[int],
@@ -230,32 +225,35 @@ class SlotDecoder:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return _linear(self.model.lm_head, self.inner.norm(hidden), self.packed)
 
-    def _forward(self, ids, pos, mask, slots=None) -> torch.Tensor:
-        """ids, pos [n, T] of ``slots`` ([n]; None: slots 0..n) -> hidden [n, T, E]; writes the K/V of
-        these positions into the slots and attends each position to the cache positions ``mask``
-        allows ([n, T, kv_len] bool: 0..pos). Given slots, their K/V is gathered (a copy: prefill)."""
-        n, t = ids.shape
+    def _forward(self, ids, pos, mask, written=None, slots=None, gather=None) -> torch.Tensor:
+        """ids, pos [b, T] -> hidden [b, T, E]; writes the K/V of each token at its position of its
+        slot (``written``, like ids; None: row i of slot i) and attends it to the cache positions
+        ``mask`` allows ([n, t, kv_len] bool: 0..pos) of the slots ``slots`` ([n]; None: 0..n).
+        Decode: n rows of one token (b = n, T = 1). Prefill: b = 1 and the pass's tokens packed;
+        ``gather`` (``_gather``) lays them out as [n, t] for attention (None: one row, t = T)."""
+        n, t, kv_len = mask.shape
         x = self.inner.embed_tokens(ids)
         cos, sin = self.inner.rotary_emb(x, pos)
-        cos, sin = cos[:, None], sin[:, None]  # [n, 1, T, D]: broadcast over heads
-        groups, kv_len = self.heads // self.kv_heads, mask.shape[-1]
+        cos, sin = cos[:, None], sin[:, None]  # [b, 1, T, D]: broadcast over heads
+        groups = self.heads // self.kv_heads
         mask = mask[:, None, None].expand(n, 1, groups, t, kv_len).reshape(n, 1, groups * t, kv_len)
         # additive: SDPA would turn a bool mask into this in every layer
         mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
-        rows = (torch.arange(n, device=ids.device) if slots is None else slots)[:, None]
+        if written is None:
+            written = torch.arange(n, device=ids.device)[:, None]
         # eager, the layer halves run as plain functions: a nested region or a custom op costs a few
         # microseconds a call in Python, ~4 ms of a 30 ms decode step
         qkv, attend = (_qkv, _attend_and_mlp) if torch.compiler.is_compiling() else (_qkv_fn, _attend_and_mlp_fn)
         for i, (layer, k_cache, v_cache) in enumerate(zip(self.inner.layers, self.keys, self.values)):
             fused = self.fused[i] if self.fused else None
             q, k, v = qkv(layer, x, cos, sin, self.heads, self.kv_heads, fused)
-            k_cache[rows, :, pos] = k  # [n, T, kv_heads, D] at each row's positions
-            v_cache[rows, :, pos] = v
+            k_cache[written, :, pos] = k  # [b, T, kv_heads, D] at each token's slot and position
+            v_cache[written, :, pos] = v
             if slots is None:
                 keys, values = k_cache[:n, :, :kv_len], v_cache[:n, :, :kv_len]
             else:
                 keys, values = k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len]
-            x = attend(layer, x, q, keys, values, mask, self.heads, self.kv_heads, fused)
+            x = attend(layer, x, q, keys, values, mask, self.heads, self.kv_heads, fused, gather)
         return x
 
 
@@ -278,14 +276,20 @@ def _qkv_fn(layer, x, cos, sin, heads: int, kv_heads: int, fused: tuple | None):
     return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin).transpose(1, 2), v
 
 
-def _attend_and_mlp_fn(layer, x, q, keys, values, mask, heads: int, kv_heads: int, fused: tuple | None):
-    """Attention of q over the rows' cached K/V (grouped queries as rows of their K/V head), the
-    output projection, then the MLP, with pre-norm residuals."""
-    attn, (n, t, _) = layer.self_attn, x.shape
-    head_dim = q.shape[-1]
+def _attend_and_mlp_fn(layer, x, q, keys, values, mask, heads: int, kv_heads: int, fused: tuple | None,
+                       gather: tuple | None):
+    """Attention of q over the rows' cached K/V (grouped queries as rows of their K/V head; packed
+    tokens laid out as rows by ``gather`` and packed back after), the output projection, then the MLP,
+    with pre-norm residuals."""
+    attn, head_dim = layer.self_attn, q.shape[-1]
+    n, t = mask.shape[0], mask.shape[2] // (heads // kv_heads)
+    if gather is not None:
+        q = q[0][:, gather[0]].transpose(0, 1)  # [1, H, N, D] -> [n, H, t, D]
     q = q.reshape(n, kv_heads, heads // kv_heads * t, head_dim)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
     out = out.view(n, heads, t, head_dim).transpose(1, 2).reshape(n, t, -1)
+    if gather is not None:
+        out = out.reshape(n * t, -1)[gather[1]][None]
     packed = fused is not None
     x = x + _linear(attn.o_proj, out, packed)
     mlp, h = layer.mlp, layer.post_attention_layernorm(x)  # Llama-family MLP: down(act(gate) * up)

@@ -77,8 +77,8 @@ from rollout.engines.decoder import SlotDecoder
 
 STOP_TAIL_TOKENS = 16  # tokens decoded per step to look for a stop string that just completed
 MIN_REUSE = 16  # shortest cached prefix worth copying instead of recomputing
-PREFILL_TOKENS = 4096  # rows x padded length of one batched prefill pass
-PREFILL_PAD = 0.3  # at most this fraction of padding over the real tokens of a pass
+PREFILL_TOKENS = 4096  # tokens of one batched prefill pass (packed: no padding)
+PREFILL_ROWS_X_LONGEST = 4 * PREFILL_TOKENS  # attention's [rows, longest row] layout of a pass
 
 
 class HFEngine(GenerationEngine):
@@ -94,6 +94,7 @@ class HFEngine(GenerationEngine):
         self._tasks: deque[_Task] = deque()  # torch work for the engine thread (load, weights, warmup)
         self._closed = False
         self._live: list[_Row] = []  # row i decodes in slot i; only the engine thread touches it
+        self._entering: list[_Row] = []  # rows being admitted (``_admit``)
         self._front: AsyncFront | None = None
         # steps: decode passes; decode_rows: live rows over them; joined_running: rows admitted while
         # others were mid-decode; prefill_passes: batched prefills; prefill_tokens / reused_tokens:
@@ -175,9 +176,9 @@ class HFEngine(GenerationEngine):
             self._thread.join()
 
     def warmup(self, params: SamplingParams) -> float:
-        """Compile (or run once) the prefill pass and the decode step for these sampling parameters:
-        one graph each serves every batch size and length. Returns the seconds it took; runs on free
-        slots of an idle engine."""
+        """Run a prefill pass once and compile (or run once) the decode step for these sampling
+        parameters: one graph serves every batch size and length. Returns the seconds it took; runs on
+        free slots of an idle engine."""
         return self.call(self._warmup, params)
 
     def _warmup(self, params: SamplingParams) -> float:
@@ -251,6 +252,7 @@ class HFEngine(GenerationEngine):
         ``rollout.batch_invariant``). So rows sharing a system prompt compute it once, and the N
         samples of a prompt prefill it once."""
         live, rows, plans = self._live, [], []
+        self._entering = rows  # off the queue, not yet live: failed with the others if a pass raises
         while len(live) + len(rows) < self.max_batch:
             with self._queue:
                 if not self._waiting or self._waiting[0].key != (live or rows or self._waiting)[0].key:
@@ -274,6 +276,7 @@ class HFEngine(GenerationEngine):
                              torch.zeros(len(rows), dtype=torch.long))
         first = len(live)
         live.extend(rows)
+        self._entering = []
         finished = [first + i for i, (r, t, lp) in enumerate(zip(rows, toks.tolist(), logps.tolist()))
                     if self._advance(r, t, lp)]
         done = [live[i] for i in finished]
@@ -339,14 +342,11 @@ class HFEngine(GenerationEngine):
         return (best, source) if best >= MIN_REUSE else (0, None)
 
     def _fits(self, row: _Row, plan: tuple, rows: list[_Row], plans: list[tuple]) -> bool:
-        """Whether ``row`` enters with ``rows``: not when padding to the longest row of its pass would
-        waste more than ``PREFILL_PAD`` of the pass, nor past the pass's token budget or the cache."""
+        """Whether ``row`` enters with ``rows``: not past its pass's token budget, nor its attention
+        layout's (rows x the longest row)."""
         start, _, depth = plan
-        same = [(r, p[0]) for r, p in zip(rows, plans) if p[2] == depth]
-        lens = [len(row.prompt) - start, *(len(r.prompt) - s for r, s in same)]
-        padded = len(lens) * max(lens)
-        return (padded <= PREFILL_TOKENS and padded <= (1 + PREFILL_PAD) * sum(lens)
-                and max([start, *(s for _, s in same)]) + max(lens) <= self.decoder.cache_len)
+        lens = [len(row.prompt) - start, *(len(r.prompt) - p[0] for r, p in zip(rows, plans) if p[2] == depth)]
+        return sum(lens) <= PREFILL_TOKENS and len(lens) * max(lens) <= PREFILL_ROWS_X_LONGEST
 
     def _step(self) -> list[_Row]:
         live = self._live
@@ -404,8 +404,8 @@ class HFEngine(GenerationEngine):
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._queue:
-            rows = [*self._live, *self._waiting]
-            self._live, self._waiting = [], deque()
+            rows = [*self._live, *self._entering, *self._waiting]
+            self._live, self._entering, self._waiting = [], [], deque()
         for request in {id(r.request): r.request for r in rows}.values():
             request.error = exc
             request.on_done()
