@@ -171,9 +171,9 @@ class SlotDecoder:
         dominate it, and a compiled pass would need a graph of its own (packed, that graph failed to
         run in torch 2.13's inductor: a nested region's size symbol went unbound)."""
         rows, n = [p[s:] for p, s in zip(prompts, starts)], len(prompts)
-        if max(s + len(r) for s, r in zip(starts, rows)) > self.cache_len:
-            raise ValueError(f"prefill past the cache: {max(s + len(r) for s, r in zip(starts, rows))} "
-                             f"positions > {self.cache_len}")
+        kv_len = max(s + len(r) for s, r in zip(starts, rows))  # the furthest position attended, + 1
+        if kv_len > self.cache_len:
+            raise ValueError(f"prefill past the cache: {kv_len} positions > {self.cache_len}")
         ends = list(itertools.accumulate(map(len, rows)))  # packed index after each row's last token
         dev = self.device
         ids = torch.tensor([x for r in rows for x in r], device=dev)[None]  # [1, N]
@@ -181,7 +181,7 @@ class SlotDecoder:
         written = torch.tensor([first + i for i, r in enumerate(rows) for _ in r], device=dev)[None]
         gather = self._gather(rows, ends) if n > 1 else None
         row_pos = pos[0][gather[0]] if gather else pos  # [n, t]: a padding position repeats the last
-        mask = torch.arange(max(s + len(r) for s, r in zip(starts, rows)), device=dev) <= row_pos[..., None]
+        mask = torch.arange(kv_len, device=dev) <= row_pos[..., None]
         slots = torch.arange(first, first + n, device=dev)
         hidden = self._forward(ids, pos, mask, written, slots, gather)
         return self._logits(hidden[0, torch.tensor(ends, device=dev) - 1]).float()
