@@ -17,12 +17,14 @@ lays out attention itself; tests compare it with HF's forward.
 
 - Grouped queries: the G query heads that share a K/V head attend as G query rows of that head, so
   attention reads each K/V head once and copies nothing.
+- Decode attention: on a CPU in float32 and bfloat16, the native kernel of ``cpu_attention.py``
+  (each row reads its own positions 0..p, no mask); elsewhere SDPA with a mask, as the prefill.
 - Masks: a token at position p attends cache positions 0..p of its slot (its prompt starts at
   position 0). Positions past p may hold K/V of an earlier occupant of the slot: finite values (the
   cache starts zeroed) that the mask weighs 0; a row writes a position before it attends it.
-- Shapes: ``decode`` runs exactly the n live rows and reads the cache up to the longest row's
-  position, rounded up to ``LENGTH_STEP``; n, that length and the slot count are dynamic dimensions
-  of one compiled graph (plus one for n = 1). Measured on SmolLM2-135M (bf16, this CPU): as fast per
+- Shapes: ``decode`` runs exactly the n live rows (through SDPA, reading the cache up to the longest
+  row's position, rounded up to ``LENGTH_STEP``); n, that length and the slot count are dynamic
+  dimensions of one compiled graph (plus one for n = 1). Measured on SmolLM2-135M (bf16, this CPU): as fast per
   step as graphs specialised to batch buckets and 256-token length buckets (faster where those pad),
   and compiled once instead of once per bucket.
 - Compile time: the two halves of a layer (``_qkv``, ``_attend_and_mlp``) are nested compile regions,
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 
 from escrag.models import ModelSpecError
 from escrag.sampling import sample
+from rollout.engines import cpu_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 LENGTH_STEP = 16  # the attended cache length is rounded up to a multiple of this
@@ -88,6 +91,9 @@ class SlotDecoder:
         self.compiled = ro.compile
         self.fixed_rows = ro.max_batch if ro.batch_invariant else 0  # every decode step runs this many rows
         self.packed = self.device.type == "cpu" and cpu_packing(self.dtype)
+        # decode attention by the native kernel (cpu_attention.py); None: SDPA over a mask
+        self.kernel = (cpu_attention.kernel(self.dtype, self.head_dim, self.heads // self.kv_heads)
+                       if self.device.type == "cpu" else None)
         self.fused: list[tuple] = []  # per layer (qkv, gate_up): FusedLinear keys and biases (packed path)
         self._fused: dict[int, FusedLinear] = {}  # member weight or bias data_ptr -> its fused linear
         if self.packed:
@@ -207,14 +213,20 @@ class SlotDecoder:
         if pad > 0:
             self.reserve(n + pad)
             tokens, positions, seeds, steps = ([*x, *[0] * pad] for x in (tokens, positions, seeds, steps))
-        length = _round_up(max(positions) + 1)
+        if max(positions) >= self.cache_len or min(positions) < 0:
+            raise ValueError(f"decode positions {min(positions)}..{max(positions)} outside the cache "
+                             f"(0..{self.cache_len - 1})")
         ints = [torch.tensor(x, dtype=torch.long, device=self.device) for x in (tokens, positions, seeds, steps)]
-        mask = (torch.arange(length, device=self.device) <= ints[1][:, None])[:, None]  # [n, 1, length]
+        mask = None
+        if self.kernel is None:  # SDPA: [n, 1, length] (the native kernel reads each row's own length)
+            length = _round_up(max(positions) + 1)
+            mask = (torch.arange(length, device=self.device) <= ints[1][:, None])[:, None]
         if self.compiled:  # one graph for every batch size and attended length (slots: ``reserve``);
             # batch-invariant too: its row count never changes, and the graph a rollout compiled serves it
-            for t in (*ints, mask):
+            for t in (*ints, *([mask] if mask is not None else [])):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-            torch._dynamo.maybe_mark_dynamic(mask, 2)
+            if mask is not None:
+                torch._dynamo.maybe_mark_dynamic(mask, 2)
         tok, logp = self._step(*ints, mask, temperature, top_p, top_k)
         return tok[:n].tolist(), logp[:n].tolist()
 
@@ -229,18 +241,21 @@ class SlotDecoder:
         """ids, pos [b, T] -> hidden [b, T, E]; writes the K/V of each token at its position of its
         slot (``written``, like ids; None: row i of slot i) and attends it to the cache positions
         ``mask`` allows ([n, t, kv_len] bool: 0..pos) of the slots ``slots`` ([n]; None: 0..n).
-        Decode: n rows of one token (b = n, T = 1). Prefill: b = 1 and the pass's tokens packed;
+        Decode: n rows of one token (b = n, T = 1); ``mask`` None: through the native kernel, row i
+        attending positions 0..pos[i] of slot i. Prefill: b = 1 and the pass's tokens packed;
         ``gather`` (``_gather``) lays them out as [n, t] for attention (None: one row, t = T)."""
-        n, t, kv_len = mask.shape
         x = self.inner.embed_tokens(ids)
         cos, sin = self.inner.rotary_emb(x, pos)
         cos, sin = cos[:, None], sin[:, None]  # [b, 1, T, D]: broadcast over heads
-        groups = self.heads // self.kv_heads
-        mask = mask[:, None, None].expand(n, 1, groups, t, kv_len).reshape(n, 1, groups * t, kv_len)
-        # additive: SDPA would turn a bool mask into this in every layer
-        mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
-        if written is None:
-            written = torch.arange(n, device=ids.device)[:, None]
+        lens = pos[:, 0] + 1 if mask is None else None
+        if mask is not None:
+            n, t, kv_len = mask.shape
+            groups = self.heads // self.kv_heads
+            mask = mask[:, None, None].expand(n, 1, groups, t, kv_len).reshape(n, 1, groups * t, kv_len)
+            # additive: SDPA would turn a bool mask into this in every layer
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
+        if written is None:  # decode: row i of slot i
+            written = torch.arange(ids.shape[0], device=ids.device)[:, None]
         # eager, the layer halves run as plain functions: a nested region or a custom op costs a few
         # microseconds a call in Python, ~4 ms of a 30 ms decode step
         qkv, attend = (_qkv, _attend_and_mlp) if torch.compiler.is_compiling() else (_qkv_fn, _attend_and_mlp_fn)
@@ -249,11 +264,13 @@ class SlotDecoder:
             q, k, v = qkv(layer, x, cos, sin, self.heads, self.kv_heads, fused)
             k_cache[written, :, pos] = k  # [b, T, kv_heads, D] at each token's slot and position
             v_cache[written, :, pos] = v
-            if slots is None:
+            if lens is not None:
+                keys, values = k_cache, v_cache
+            elif slots is None:
                 keys, values = k_cache[:n, :, :kv_len], v_cache[:n, :, :kv_len]
             else:
                 keys, values = k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len]
-            x = attend(layer, x, q, keys, values, mask, self.heads, self.kv_heads, fused, gather)
+            x = attend(layer, x, q, keys, values, mask, lens, self.heads, self.kv_heads, fused, gather)
         return x
 
 
@@ -276,20 +293,25 @@ def _qkv_fn(layer, x, cos, sin, heads: int, kv_heads: int, fused: tuple | None):
     return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin).transpose(1, 2), v
 
 
-def _attend_and_mlp_fn(layer, x, q, keys, values, mask, heads: int, kv_heads: int, fused: tuple | None,
+def _attend_and_mlp_fn(layer, x, q, keys, values, mask, lens, heads: int, kv_heads: int, fused: tuple | None,
                        gather: tuple | None):
     """Attention of q over the rows' cached K/V (grouped queries as rows of their K/V head; packed
-    tokens laid out as rows by ``gather`` and packed back after), the output projection, then the MLP,
-    with pre-norm residuals."""
+    tokens laid out as rows by ``gather`` and packed back after; ``lens`` given: one token a row, by
+    the native kernel over the whole caches), the output projection, then the MLP, with pre-norm
+    residuals."""
     attn, head_dim = layer.self_attn, q.shape[-1]
-    n, t = mask.shape[0], mask.shape[2] // (heads // kv_heads)
-    if gather is not None:
-        q = q[0][:, gather[0]].transpose(0, 1)  # [1, H, N, D] -> [n, H, t, D]
-    q = q.reshape(n, kv_heads, heads // kv_heads * t, head_dim)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
-    out = out.view(n, heads, t, head_dim).transpose(1, 2).reshape(n, t, -1)
-    if gather is not None:
-        out = out.reshape(n * t, -1)[gather[1]][None]
+    if lens is not None:
+        native = cpu_attention.decode_attention if torch.compiler.is_compiling() else cpu_attention.decode_fn
+        out = native(q.reshape(x.shape[0], heads, head_dim), keys, values, lens, attn.scaling).view(x.shape)
+    else:
+        n, t = mask.shape[0], mask.shape[2] // (heads // kv_heads)
+        if gather is not None:
+            q = q[0][:, gather[0]].transpose(0, 1)  # [1, H, N, D] -> [n, H, t, D]
+        q = q.reshape(n, kv_heads, heads // kv_heads * t, head_dim)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+        out = out.view(n, heads, t, head_dim).transpose(1, 2).reshape(n, t, -1)
+        if gather is not None:
+            out = out.reshape(n * t, -1)[gather[1]][None]
     packed = fused is not None
     x = x + _linear(attn.o_proj, out, packed)
     mlp, h = layer.mlp, layer.post_attention_layernorm(x)  # Llama-family MLP: down(act(gate) * up)
@@ -342,10 +364,15 @@ def _packed_linear_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-packed_linear = torch.library.custom_op("escrag::packed_linear", _packed_linear_fn, mutates_args=())
+# Defined through ``torch.library.Library``, not ``custom_op``: the latter's Python wrapper costs ~7 µs
+# a call, ~0.9 ms of a compiled bfloat16 step at batch 8 (121 linears).
+_LIB = torch.library.Library("escrag", "DEF")
+_LIB.define("packed_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("packed_linear", _packed_linear_fn, "CPU")
+packed_linear = torch.ops.escrag.packed_linear.default
 
 
-@packed_linear.register_fake
+@torch.library.register_fake("escrag::packed_linear")
 def _(x, weight, bias):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 

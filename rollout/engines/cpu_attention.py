@@ -1,0 +1,112 @@
+"""Native decode attention for the transformers engine on the CPU.
+
+Owns: ``decode_fn`` and ``decode_attention`` (the same as a torch op, which compiled decode steps call) and the build of its
+kernel, ``cpu_attention.c``, compiled once per (head_dim, query heads per K/V head) with the C compiler
+(``$CC``, else ``cc``) into ``$ESCRAG_CACHE`` (0.3 s) and loaded with ctypes.
+
+Why: a decode step's attention is a few hundred kilobytes of K/V per layer and row, read by 3 query
+heads. PyTorch's SDPA runs it as per-head GEMMs with an explicit mask (overhead-bound: ~160 µs a layer
+at batch 8 on this CPU), and every row attends the longest row's length. The kernel reads each row's
+K/V once, only up to its own length, with the query heads and accumulators in registers: 2.5-4x less
+time a layer (bench numbers in docs/rollout.md), a quarter to a third of a bfloat16 decode step.
+
+- float32 and bfloat16 (softmax and sums in float32); other dtypes use SDPA (``kernel`` is None).
+- Built with ``-ffast-math`` for the reductions and vectorised ``expf``, compiled and linked in two
+  steps: a shared library linked with ``-ffast-math`` sets flush-to-zero for the whole process.
+- OpenMP: the library links ``libgomp.so.1``, the one torch has already loaded, so the kernel runs on
+  the calling thread's OpenMP team like torch's own ops (a second runtime would add a second pool).
+- No compiler, or a failed build: a warning once, and the engine keeps SDPA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from escrag.models import build_once
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_KERNELS: dict[tuple, object] = {}  # (dtype, head_dim, groups) -> ctypes function, or None: unavailable
+
+
+def _flags() -> list[str]:
+    flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        flags.append("-mprefer-vector-width=512")  # a no-op without AVX512
+    return flags
+
+
+def _build(cc: str, head_dim: int, groups: int, out: Path) -> None:
+    obj = out / "attention.o"
+    for cmd in ([cc, *_flags(), f"-DD={head_dim}", f"-DG={groups}", "-c", str(SOURCE), "-o", str(obj)],
+                [cc, "-shared", "-fopenmp", str(obj), "-o", str(out / "attention.so"), "-lm"]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{proc.stderr[-2000:]}")
+
+
+def kernel(dtype: torch.dtype, head_dim: int, groups: int):
+    """The compiled kernel for these shapes (built on first use), or None where it cannot be had."""
+    key = (dtype, head_dim, groups)
+    if key not in _KERNELS:
+        _KERNELS[key] = _load(*key)
+    return _KERNELS[key]
+
+
+def _load(dtype: torch.dtype, head_dim: int, groups: int):
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if dtype not in DTYPES or cc is None or not torch.backends.openmp.is_available():
+        if dtype in DTYPES:
+            log.warning("no C compiler (%s) or OpenMP: decode attention runs on SDPA", os.environ.get("CC", "cc"))
+        return None
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256("\n".join([SOURCE.read_text(), version, *_flags()]).encode()).hexdigest()[:16]
+    try:
+        folder = build_once(f"cpu-attention-{digest}-d{head_dim}-g{groups}",
+                            lambda out: _build(cc, head_dim, groups, out))
+    except RuntimeError as e:
+        log.warning("decode attention kernel not built, SDPA instead: %s", e)
+        return None
+    fn = getattr(ctypes.CDLL(str(folder / "attention.so")), f"decode_attention_{DTYPES[dtype]}")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_float]
+    return fn
+
+
+def decode_fn(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+    """q [n, heads, head_dim] attends positions [0, lens[r]) of slot r of the caches ([slots, kv_heads,
+    positions, head_dim], the last two dims contiguous); returns [n, heads, head_dim]."""
+    q, lens = q.contiguous(), lens.contiguous()
+    n, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    fn = kernel(q.dtype, head_dim, heads // kv_heads)
+    out = torch.empty_like(q)
+    if fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), lens.data_ptr(), n, kv_heads,
+          k_cache.stride(0), k_cache.stride(1), scale):
+        raise MemoryError("decode attention: out of memory for a row's scores")
+    return out
+
+
+# A Library op rather than ``custom_op`` (whose Python wrapper costs ~7 µs a call): compiled decode
+# steps call it as an extern kernel; inputs are the cache tensors themselves, so the graph orders the
+# call after the step's K/V writes.
+_LIB = torch.library.Library("escrag_attention", "DEF")
+_LIB.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor lens, float scale) -> Tensor")
+_LIB.impl("decode", decode_fn, "CPU")
+decode_attention = torch.ops.escrag_attention.decode.default
+
+
+@torch.library.register_fake("escrag_attention::decode")
+def _(q, k_cache, v_cache, lens, scale):
+    return q.new_empty(q.shape)

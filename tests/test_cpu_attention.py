@@ -1,0 +1,87 @@
+"""The native decode attention (rollout/engines/cpu_attention.py), built with this machine's compiler:
+
+- it equals SDPA over each row's own positions in float32 and bfloat16, for SmolLM2's shape (head_dim
+  64, 3 query heads a K/V head) and two others, and never reads past a row's length (NaN there would
+  spread); compiled as the torch op, it returns what the plain call returns;
+- loading its library leaves the process's floating-point mode alone (a library linked with
+  ``-ffast-math`` turns on flush-to-zero for the whole process);
+- without a compiler the engine keeps SDPA and still decodes what HF's forward gives.
+The engine's decode through the kernel is checked against HF in tests/test_engine_continuous.py.
+Run: .venv/bin/python -m pytest -q tests/test_cpu_attention.py"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from escrag.config import load_config
+from rollout.engines import cpu_attention
+from rollout.engines.base import SamplingParams
+from rollout.engines.hf_engine import HFEngine
+
+LENS = [1, 17, 48, 30]  # row r attends positions [0, LENS[r]) of slot r
+
+
+def _reference(q, k_cache, v_cache, lens, scale):
+    n, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    rows = []
+    for r in range(n):
+        k, v = k_cache[r, :, :lens[r]].float(), v_cache[r, :, :lens[r]].float()
+        qr = q[r].float().view(kv_heads, heads // kv_heads, head_dim)
+        rows.append(F.scaled_dot_product_attention(qr, k, v, scale=scale).reshape(heads, head_dim))
+    return torch.stack(rows)
+
+
+def _case(dtype, head_dim, heads, kv_heads):
+    g = torch.Generator().manual_seed(head_dim + heads)
+    k_cache, v_cache = (torch.randn(len(LENS) + 2, kv_heads, 64, head_dim, generator=g) for _ in range(2))
+    for r, n in enumerate(LENS):  # past a row's length: NaN, which would reach the output if read
+        k_cache[r, :, n:] = float("nan")
+        v_cache[r, :, n:] = float("nan")
+    q = torch.randn(len(LENS), heads, head_dim, generator=g)
+    return q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), torch.tensor(LENS)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 9, 3), (16, 4, 2), (32, 2, 2)])
+def test_kernel_matches_sdpa_up_to_each_rows_length(dtype, atol, head_dim, heads, kv_heads):
+    assert cpu_attention.kernel(dtype, head_dim, heads // kv_heads) is not None, "the kernel did not build"
+    q, k_cache, v_cache, lens = _case(dtype, head_dim, heads, kv_heads)
+    scale = head_dim ** -0.5
+    out = cpu_attention.decode_fn(q, k_cache, v_cache, lens, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), _reference(q, k_cache, v_cache, lens, scale), atol=atol, rtol=atol)
+
+
+def test_compiled_op_returns_what_the_plain_call_returns():
+    q, k_cache, v_cache, lens = _case(torch.bfloat16, 64, 9, 3)
+    step = torch.compile(lambda *a: cpu_attention.decode_attention(*a, 0.125) * 2, dynamic=False)
+    assert torch.equal(step(q, k_cache, v_cache, lens), cpu_attention.decode_fn(q, k_cache, v_cache, lens, 0.125) * 2)
+
+
+def test_loading_the_kernel_keeps_subnormal_floats(tmp_path):
+    code = ("import torch; from rollout.engines import cpu_attention as c; "
+            "x = torch.tensor([1e-39]); before = (x * 1.0).item(); "
+            "assert c.kernel(torch.float32, 64, 3) is not None; print(before, (x * 1.0).item())")
+    env = {**os.environ, "ESCRAG_CACHE": str(tmp_path)}  # a fresh build, with today's flags
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    before, after = map(float, out.stdout.split())
+    assert before > 0 and after == before, "loading the kernel turned on flush-to-zero"
+
+
+def test_without_a_compiler_the_engine_decodes_through_sdpa(tiny_model, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(cpu_attention, "_KERNELS", {})
+    eng = HFEngine(tiny_model, load_config("configs/cpu-test.yaml").rollout, seed=0)
+    assert eng.decoder.kernel is None and "runs on SDPA" in caplog.text
+    prompt = [1, 504, 2088, 314, 253, 1345, 28, 940, 446]
+    (gen,) = eng.generate([prompt], SamplingParams(12, 1.0, 1.0, 0, ()), seeds=[1])
+    ids = torch.tensor([prompt + gen.token_ids])
+    with torch.no_grad():
+        logp = eng.model(ids).logits[0].float().log_softmax(-1)[len(prompt) - 1:-1]
+    want = logp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(gen.logprobs), want, atol=1e-4)
