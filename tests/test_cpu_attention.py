@@ -1,12 +1,14 @@
-"""The native decode attention (rollout/engines/cpu_attention.py), built with this machine's compiler:
+"""The native attention kernels (rollout/engines/cpu_attention.py), built with this machine's compiler:
 
-- it equals SDPA over each row's own positions in float32 and bfloat16, for SmolLM2's shape (head_dim
-  64, 3 query heads a K/V head) and two others, and never reads past a row's length (NaN there would
-  spread); compiled as the torch op, it returns what the plain call returns;
+- decode equals SDPA over each row's own positions in float32 and bfloat16, for SmolLM2's shape
+  (head_dim 64, 3 query heads a K/V head) and two others, and never reads past a row's length (NaN
+  there would spread); compiled as the torch op, it returns what the plain call returns;
+- prefill (packed tokens of rows with and without a cached prefix, runs longer than the kernel's
+  block) equals causal SDPA row by row;
 - loading its library leaves the process's floating-point mode alone (a library linked with
   ``-ffast-math`` turns on flush-to-zero for the whole process);
 - without a compiler the engine keeps SDPA and still decodes what HF's forward gives.
-The engine's decode through the kernel is checked against HF in tests/test_engine_continuous.py.
+The engine's passes through the kernels are checked against HF in tests/test_engine_continuous.py.
 Run: .venv/bin/python -m pytest -q tests/test_cpu_attention.py"""
 
 import os
@@ -52,7 +54,7 @@ def test_kernel_matches_sdpa_up_to_each_rows_length(dtype, atol, head_dim, heads
     assert cpu_attention.kernel(dtype, head_dim, heads // kv_heads) is not None, "the kernel did not build"
     q, k_cache, v_cache, lens = _case(dtype, head_dim, heads, kv_heads)
     scale = head_dim ** -0.5
-    out = cpu_attention.decode_fn(q, k_cache, v_cache, lens, scale)
+    out = cpu_attention.decode_fn(q, k_cache, v_cache, lens - 1, scale)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), _reference(q, k_cache, v_cache, lens, scale), atol=atol, rtol=atol)
 
@@ -60,7 +62,35 @@ def test_kernel_matches_sdpa_up_to_each_rows_length(dtype, atol, head_dim, heads
 def test_compiled_op_returns_what_the_plain_call_returns():
     q, k_cache, v_cache, lens = _case(torch.bfloat16, 64, 9, 3)
     step = torch.compile(lambda *a: cpu_attention.decode_attention(*a, 0.125) * 2, dynamic=False)
-    assert torch.equal(step(q, k_cache, v_cache, lens), cpu_attention.decode_fn(q, k_cache, v_cache, lens, 0.125) * 2)
+    want = cpu_attention.decode_fn(q, k_cache, v_cache, lens - 1, 0.125) * 2
+    assert torch.equal(step(q, k_cache, v_cache, lens - 1), want)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 9, 3), (16, 4, 2)])
+def test_prefill_kernel_is_causal_attention_of_each_row(dtype, atol, head_dim, heads, kv_heads):
+    """Rows (slot, first new position, new tokens): from 0, after a cached prefix, longer than a block
+    of 16 tokens, one token; packed in one pass, each token attends its slot's positions 0..its own."""
+    rows = [(2, 0, 40), (0, 7, 5), (3, 0, 1), (1, 20, 19)]
+    g = torch.Generator().manual_seed(1)
+    k_cache, v_cache = (torch.randn(4, kv_heads, 64, head_dim, generator=g).to(dtype) for _ in range(2))
+    for slot, start, new in rows:  # past the row's last token: NaN, never attended
+        k_cache[slot, :, start + new:] = float("nan")
+        v_cache[slot, :, start + new:] = float("nan")
+    slots = torch.tensor([s for s, _, new in rows for _ in range(new)])
+    pos = torch.tensor([start + j for _, start, new in rows for j in range(new)])
+    q = torch.randn(len(pos), heads, head_dim, generator=g).to(dtype)
+    scale = head_dim ** -0.5
+    out = cpu_attention.prefill_fn(q, k_cache, v_cache, slots, pos, scale)
+    want, i = [], 0
+    for slot, start, new in rows:
+        k = k_cache[slot, :, :start + new].float().repeat_interleave(heads // kv_heads, 0)
+        v = v_cache[slot, :, :start + new].float().repeat_interleave(heads // kv_heads, 0)
+        causal = torch.arange(start + new) <= torch.arange(start, start + new)[:, None]
+        qr = q[i:i + new].float().transpose(0, 1)  # [heads, new, D]
+        want.append(F.scaled_dot_product_attention(qr, k, v, attn_mask=causal, scale=scale).transpose(0, 1))
+        i += new
+    torch.testing.assert_close(out.float(), torch.cat(want), atol=atol, rtol=atol)
 
 
 def test_loading_the_kernel_keeps_subnormal_floats(tmp_path):
@@ -78,10 +108,10 @@ def test_without_a_compiler_the_engine_decodes_through_sdpa(tiny_model, monkeypa
     monkeypatch.setattr(cpu_attention, "_KERNELS", {})
     eng = HFEngine(tiny_model, load_config("configs/cpu-test.yaml").rollout, seed=0)
     assert eng.decoder.kernel is None and "runs on SDPA" in caplog.text
-    prompt = [1, 504, 2088, 314, 253, 1345, 28, 940, 446]
-    (gen,) = eng.generate([prompt], SamplingParams(12, 1.0, 1.0, 0, ()), seeds=[1])
-    ids = torch.tensor([prompt + gen.token_ids])
-    with torch.no_grad():
-        logp = eng.model(ids).logits[0].float().log_softmax(-1)[len(prompt) - 1:-1]
-    want = logp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
-    assert torch.allclose(torch.tensor(gen.logprobs), want, atol=1e-4)
+    prompts = [[1, 504, 2088, 314, 253, 1345, 28, 940, 446], [1, 9519, 28, 940, 446, 2], [1, 77, 78]]
+    for prompt, gen in zip(prompts, eng.generate(prompts, SamplingParams(12, 1.0, 1.0, 0, ()), seeds=[1, 2, 3])):
+        ids = torch.tensor([prompt + gen.token_ids])  # rows of unequal lengths: SDPA's [rows, longest] layout
+        with torch.no_grad():
+            logp = eng.model(ids).logits[0].float().log_softmax(-1)[len(prompt) - 1:-1]
+        want = logp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(gen.logprobs), want, atol=1e-4)

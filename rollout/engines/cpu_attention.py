@@ -1,14 +1,17 @@
-"""Native decode attention for the transformers engine on the CPU.
+"""Native attention for the transformers engine on the CPU.
 
-Owns: ``decode_fn`` and ``decode_attention`` (the same as a torch op, which compiled decode steps call) and the build of its
-kernel, ``cpu_attention.c``, compiled once per (head_dim, query heads per K/V head) with the C compiler
-(``$CC``, else ``cc``) into ``$ESCRAG_CACHE`` (0.3 s) and loaded with ctypes.
+Owns: ``decode_fn`` (one token a row) and ``decode_attention`` (the same as a torch op, which compiled
+decode steps call), ``prefill_fn`` (packed tokens, causal), and the build of their kernels,
+``cpu_attention.c``, compiled once per (head_dim, query heads per K/V head) with the C compiler
+(``$CC``, else ``cc``) into ``$ESCRAG_CACHE`` (~0.5 s) and loaded with ctypes.
 
 Why: a decode step's attention is a few hundred kilobytes of K/V per layer and row, read by 3 query
 heads. PyTorch's SDPA runs it as per-head GEMMs with an explicit mask (overhead-bound: ~160 µs a layer
-at batch 8 on this CPU), and every row attends the longest row's length. The kernel reads each row's
-K/V once, only up to its own length, with the query heads and accumulators in registers: 2.5-4x less
-time a layer (bench numbers in docs/rollout.md), a quarter to a third of a bfloat16 decode step.
+at batch 8 on this CPU), and every row attends the longest row's length. The decode kernel reads each
+row's K/V once, only up to its own length, with the query heads and accumulators in registers: 3-4x
+less time a layer. A prefill pass through SDPA lays its rows out as [rows, longest row] with an
+explicit causal mask, so it computes every (query, key) pair of that rectangle; the prefill kernel
+computes the causal triangle of each row alone: ~5x less time (docs/rollout.md).
 
 - float32 and bfloat16 (softmax and sums in float32); other dtypes use SDPA (``kernel`` is None).
 - Built with ``-ffast-math`` for the reductions and vectorised ``expf``, compiled and linked in two
@@ -36,7 +39,7 @@ from escrag.models import build_once
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_attention.c")
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-_KERNELS: dict[tuple, object] = {}  # (dtype, head_dim, groups) -> ctypes function, or None: unavailable
+_KERNELS: dict[tuple, object] = {}  # (head_dim, groups) -> the loaded library, or None: unavailable
 
 
 def _flags() -> list[str]:
@@ -56,18 +59,19 @@ def _build(cc: str, head_dim: int, groups: int, out: Path) -> None:
 
 
 def kernel(dtype: torch.dtype, head_dim: int, groups: int):
-    """The compiled kernel for these shapes (built on first use), or None where it cannot be had."""
-    key = (dtype, head_dim, groups)
-    if key not in _KERNELS:
-        _KERNELS[key] = _load(*key)
-    return _KERNELS[key]
+    """The kernels' library for these shapes (built on first use), or None where it cannot be had
+    (then the engine attends through SDPA)."""
+    if dtype not in DTYPES:
+        return None
+    if (head_dim, groups) not in _KERNELS:
+        _KERNELS[head_dim, groups] = _load(head_dim, groups)
+    return _KERNELS[head_dim, groups]
 
 
-def _load(dtype: torch.dtype, head_dim: int, groups: int):
+def _load(head_dim: int, groups: int):
     cc = shutil.which(os.environ.get("CC", "cc"))
-    if dtype not in DTYPES or cc is None or not torch.backends.openmp.is_available():
-        if dtype in DTYPES:
-            log.warning("no C compiler (%s) or OpenMP: decode attention runs on SDPA", os.environ.get("CC", "cc"))
+    if cc is None or not torch.backends.openmp.is_available():
+        log.warning("no C compiler (%s) or OpenMP: the engine's attention runs on SDPA", os.environ.get("CC", "cc"))
         return None
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256("\n".join([SOURCE.read_text(), version, *_flags()]).encode()).hexdigest()[:16]
@@ -75,38 +79,51 @@ def _load(dtype: torch.dtype, head_dim: int, groups: int):
         folder = build_once(f"cpu-attention-{digest}-d{head_dim}-g{groups}",
                             lambda out: _build(cc, head_dim, groups, out))
     except RuntimeError as e:
-        log.warning("decode attention kernel not built, SDPA instead: %s", e)
+        log.warning("attention kernels not built, SDPA instead: %s", e)
         return None
-    fn = getattr(ctypes.CDLL(str(folder / "attention.so")), f"decode_attention_{DTYPES[dtype]}")
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_float]
-    return fn
+    lib = ctypes.CDLL(str(folder / "attention.so"))
+    for dtype in DTYPES.values():
+        for name, pointers in (("decode", 5), ("prefill", 6)):
+            fn = getattr(lib, f"{name}_attention_{dtype}")
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * 4 + [ctypes.c_float]
+    return lib
 
 
-def decode_fn(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
-                         scale: float) -> torch.Tensor:
-    """q [n, heads, head_dim] attends positions [0, lens[r]) of slot r of the caches ([slots, kv_heads,
-    positions, head_dim], the last two dims contiguous); returns [n, heads, head_dim]."""
-    q, lens = q.contiguous(), lens.contiguous()
-    n, heads, head_dim = q.shape
-    kv_heads = k_cache.shape[1]
-    fn = kernel(q.dtype, head_dim, heads // kv_heads)
+def _call(name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, index: list[torch.Tensor],
+          scale: float) -> torch.Tensor:
+    """``<name>_attention`` of q [n, heads, head_dim] over the caches ([slots, kv_heads, positions,
+    head_dim], the last two dims contiguous); ``index``: the int64 tensors it reads per row or token."""
+    q, index = q.contiguous(), [t.contiguous() for t in index]
+    fn = getattr(kernel(q.dtype, q.shape[-1], q.shape[1] // k_cache.shape[1]), f"{name}_attention_{DTYPES[q.dtype]}")
     out = torch.empty_like(q)
-    if fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), lens.data_ptr(), n, kv_heads,
-          k_cache.stride(0), k_cache.stride(1), scale):
-        raise MemoryError("decode attention: out of memory for a row's scores")
+    if fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), *(t.data_ptr() for t in index),
+          q.shape[0], k_cache.shape[1], k_cache.stride(0), k_cache.stride(1), scale):
+        raise MemoryError(f"{name} attention: out of memory for a work item's scores")
     return out
+
+
+def decode_fn(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """q [n, heads, head_dim], one token a row: row r attends positions [0, pos[r]] of slot r."""
+    return _call("decode", q, k_cache, v_cache, [pos], scale)
+
+
+def prefill_fn(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+               pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [N, heads, head_dim], packed tokens: token i attends positions [0, pos[i]] of slot slots[i]."""
+    return _call("prefill", q, k_cache, v_cache, [slots, pos], scale)
 
 
 # A Library op rather than ``custom_op`` (whose Python wrapper costs ~7 µs a call): compiled decode
 # steps call it as an extern kernel; inputs are the cache tensors themselves, so the graph orders the
 # call after the step's K/V writes.
 _LIB = torch.library.Library("escrag_attention", "DEF")
-_LIB.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor lens, float scale) -> Tensor")
+_LIB.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor pos, float scale) -> Tensor")
 _LIB.impl("decode", decode_fn, "CPU")
 decode_attention = torch.ops.escrag_attention.decode.default
 
 
 @torch.library.register_fake("escrag_attention::decode")
-def _(q, k_cache, v_cache, lens, scale):
+def _(q, k_cache, v_cache, pos, scale):
     return q.new_empty(q.shape)

@@ -185,11 +185,14 @@ class SlotDecoder:
         ids = torch.tensor([x for r in rows for x in r], device=dev)[None]  # [1, N]
         pos = torch.tensor([s + j for s, r in zip(starts, rows) for j in range(len(r))], device=dev)[None]
         written = torch.tensor([first + i for i, r in enumerate(rows) for _ in r], device=dev)[None]
-        gather = self._gather(rows, ends) if n > 1 else None
-        row_pos = pos[0][gather[0]] if gather else pos  # [n, t]: a padding position repeats the last
-        mask = torch.arange(kv_len, device=dev) <= row_pos[..., None]
-        slots = torch.arange(first, first + n, device=dev)
-        hidden = self._forward(ids, pos, mask, written, slots, gather)
+        if self.kernel is not None:  # each token attends its own slot's positions 0..its position
+            hidden = self._forward(ids, pos, None, written)
+        else:
+            gather = self._gather(rows, ends) if n > 1 else None
+            row_pos = pos[0][gather[0]] if gather else pos  # [n, t]: a padding position repeats the last
+            mask = torch.arange(kv_len, device=dev) <= row_pos[..., None]
+            slots = torch.arange(first, first + n, device=dev)
+            hidden = self._forward(ids, pos, mask, written, slots, gather)
         return self._logits(hidden[0, torch.tensor(ends, device=dev) - 1]).float()
 
     def _gather(self, rows: list[list[int]], ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,14 +243,14 @@ class SlotDecoder:
     def _forward(self, ids, pos, mask, written=None, slots=None, gather=None) -> torch.Tensor:
         """ids, pos [b, T] -> hidden [b, T, E]; writes the K/V of each token at its position of its
         slot (``written``, like ids; None: row i of slot i) and attends it to the cache positions
-        ``mask`` allows ([n, t, kv_len] bool: 0..pos) of the slots ``slots`` ([n]; None: 0..n).
-        Decode: n rows of one token (b = n, T = 1); ``mask`` None: through the native kernel, row i
-        attending positions 0..pos[i] of slot i. Prefill: b = 1 and the pass's tokens packed;
-        ``gather`` (``_gather``) lays them out as [n, t] for attention (None: one row, t = T)."""
+        ``mask`` allows ([n, t, kv_len] bool: 0..pos) of the slots ``slots`` ([n]; None: 0..n);
+        ``mask`` None: through the native kernels, each token attending positions 0..its position of its
+        slot. Decode: n rows of one token (b = n, T = 1). Prefill: b = 1 and the pass's tokens packed;
+        ``gather`` (``_gather``) lays them out as [n, t] for SDPA (None: one row, t = T)."""
         x = self.inner.embed_tokens(ids)
         cos, sin = self.inner.rotary_emb(x, pos)
         cos, sin = cos[:, None], sin[:, None]  # [b, 1, T, D]: broadcast over heads
-        lens = pos[:, 0] + 1 if mask is None else None
+        native = None if mask is not None else (written, pos)  # read before ``written`` is filled in
         if mask is not None:
             n, t, kv_len = mask.shape
             groups = self.heads // self.kv_heads
@@ -264,13 +267,13 @@ class SlotDecoder:
             q, k, v = qkv(layer, x, cos, sin, self.heads, self.kv_heads, fused)
             k_cache[written, :, pos] = k  # [b, T, kv_heads, D] at each token's slot and position
             v_cache[written, :, pos] = v
-            if lens is not None:
+            if native is not None:
                 keys, values = k_cache, v_cache
             elif slots is None:
                 keys, values = k_cache[:n, :, :kv_len], v_cache[:n, :, :kv_len]
             else:
                 keys, values = k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len]
-            x = attend(layer, x, q, keys, values, mask, lens, self.heads, self.kv_heads, fused, gather)
+            x = attend(layer, x, q, keys, values, mask, native, self.heads, self.kv_heads, fused, gather)
         return x
 
 
@@ -293,16 +296,21 @@ def _qkv_fn(layer, x, cos, sin, heads: int, kv_heads: int, fused: tuple | None):
     return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin).transpose(1, 2), v
 
 
-def _attend_and_mlp_fn(layer, x, q, keys, values, mask, lens, heads: int, kv_heads: int, fused: tuple | None,
+def _attend_and_mlp_fn(layer, x, q, keys, values, mask, native, heads: int, kv_heads: int, fused: tuple | None,
                        gather: tuple | None):
-    """Attention of q over the rows' cached K/V (grouped queries as rows of their K/V head; packed
-    tokens laid out as rows by ``gather`` and packed back after; ``lens`` given: one token a row, by
-    the native kernel over the whole caches), the output projection, then the MLP, with pre-norm
-    residuals."""
+    """Attention of q over the rows' cached K/V, then the output projection and the MLP, with pre-norm
+    residuals. ``native`` (written, pos), ``keys``/``values`` the whole caches: the native kernels
+    (decode, ``written`` None: row i of slot i; prefill: packed tokens, causal). Else SDPA over
+    ``mask``: grouped queries as rows of their K/V head; packed tokens laid out as rows by ``gather``
+    and packed back after."""
     attn, head_dim = layer.self_attn, q.shape[-1]
-    if lens is not None:
-        native = cpu_attention.decode_attention if torch.compiler.is_compiling() else cpu_attention.decode_fn
-        out = native(q.reshape(x.shape[0], heads, head_dim), keys, values, lens, attn.scaling).view(x.shape)
+    if native is not None and native[0] is None:  # decode: q [n, H, 1, D]
+        decode = cpu_attention.decode_attention if torch.compiler.is_compiling() else cpu_attention.decode_fn
+        out = decode(q.reshape(x.shape[0], heads, head_dim), keys, values, native[1][:, 0], attn.scaling)
+        out = out.view(x.shape)
+    elif native is not None:  # prefill (eager): q [1, H, N, D]
+        out = cpu_attention.prefill_fn(q[0].transpose(0, 1), keys, values, native[0][0], native[1][0], attn.scaling)
+        out = out.view(x.shape)
     else:
         n, t = mask.shape[0], mask.shape[2] // (heads // kv_heads)
         if gather is not None:
