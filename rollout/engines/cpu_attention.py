@@ -49,6 +49,15 @@ def _flags() -> list[str]:
     return flags
 
 
+def _cpu() -> str:
+    """The CPU's instruction-set flags (Linux), else its architecture."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((line for line in fh if line.startswith(("flags", "Features"))), platform.machine())
+    except OSError:
+        return platform.machine()
+
+
 def _build(cc: str, head_dim: int, groups: int, out: Path) -> None:
     obj = out / "attention.o"
     for cmd in ([cc, *_flags(), f"-DD={head_dim}", f"-DG={groups}", "-c", str(SOURCE), "-o", str(obj)],
@@ -74,7 +83,8 @@ def _load(head_dim: int, groups: int):
         log.warning("no C compiler (%s) or OpenMP: the engine's attention runs on SDPA", os.environ.get("CC", "cc"))
         return None
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256("\n".join([SOURCE.read_text(), version, *_flags()]).encode()).hexdigest()[:16]
+    # -march=native: a library built on one CPU may not run on another sharing $ESCRAG_CACHE
+    digest = hashlib.sha256("\n".join([SOURCE.read_text(), version, *_flags(), _cpu()]).encode()).hexdigest()[:16]
     try:
         folder = build_once(f"cpu-attention-{digest}-d{head_dim}-g{groups}",
                             lambda out: _build(cc, head_dim, groups, out))
