@@ -52,10 +52,11 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 LENGTH_STEP = 16  # the attended cache length is rounded up to a multiple of this
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding in HF's half-rotation layout (Llama, Qwen2, Qwen3, Mistral)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in HF's half-rotation layout (Llama, Qwen2, Qwen3, Mistral): x * cos +
+    rotate_half(x) * sin, rotate_half(x) = [-x2, x1], as x rolled by half with the sign folded into
+    ``signed_sin`` = [-sin1, sin2] (``_forward``): HF's products and sum exactly, in 4 ops instead of 7."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def _round_up(n: int) -> int:
@@ -249,8 +250,10 @@ class SlotDecoder:
         slot. Decode: n rows of one token (b = n, T = 1). Prefill: b = 1 and the pass's tokens packed;
         ``gather`` (``_gather``) lays them out as [n, t] for SDPA (None: one row, t = T)."""
         x = self.inner.embed_tokens(ids)
-        cos, sin = self.inner.rotary_emb(x, pos)
-        cos, sin = cos[:, None], sin[:, None]  # [b, 1, T, D]: broadcast over heads
+        cos, sin = self.inner.rotary_emb(x, pos)  # [b, T, D]
+        half = sin.shape[-1] // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # signed (``_rope``)
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [b, T, 1, D]: broadcast over heads
         native = None if mask is not None else (written, pos)  # read before ``written`` is filled in
         if mask is not None:
             n, t, kv_len = mask.shape
@@ -294,7 +297,7 @@ def _qkv_fn(layer, x, cos, sin, heads: int, kv_heads: int, fused: tuple | None):
     q, k, v = q.view(n, t, heads, -1), k.view(n, t, kv_heads, -1), v.view(n, t, kv_heads, -1)
     if hasattr(attn, "q_norm"):  # Qwen3
         q, k = attn.q_norm(q), attn.k_norm(k)
-    return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin).transpose(1, 2), v
+    return _rope(q, cos, sin).transpose(1, 2), _rope(k, cos, sin), v
 
 
 def _attend_and_mlp_fn(layer, x, q, keys, values, mask, native, heads: int, kv_heads: int, fused: tuple | None,
