@@ -228,9 +228,10 @@ class SlotDecoder:
             mask = (torch.arange(length, device=self.device) <= ints[1][:, None])[:, None]
         if self.compiled:  # one graph for every batch size and attended length (slots: ``reserve``);
             # batch-invariant too: its row count never changes, and the graph a rollout compiled serves it
-            for t in (*ints, *([mask] if mask is not None else [])):
+            for t in ints:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             if mask is not None:
+                torch._dynamo.maybe_mark_dynamic(mask, 0)
                 torch._dynamo.maybe_mark_dynamic(mask, 2)
         tok, logp = self._step(*ints, mask, temperature, top_p, top_k)
         return tok[:n].tolist(), logp[:n].tolist()
