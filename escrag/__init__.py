@@ -13,7 +13,8 @@ Set ``GOMP_SPINCOUNT`` yourself to override.
 It also keeps freed memory in the process (glibc only; ``_keep_freed_memory``): no allocation is
 ``mmap``-ed on its own (``M_MMAP_MAX`` 0) and up to 1 GiB of free heap top is not given back
 (``M_TRIM_THRESHOLD``). glibc's defaults map every large tensor freshly and unmap it when freed, so the
-next one page-faults its memory in again. On this machine (a VM, where a fault is dear, and dearer at
+next one page-faults its memory in again (glibc raises its mmap threshold as mapped chunks are freed,
+but never above 32 MiB: a batch's logits or a long sequence's activations stay mapped afresh). On this machine (a VM, where a fault is dear, and dearer at
 some hours than others) a LoRA learner step on the demo batch (bench/bench_learner.py: SmolLM2, 8
 sequences of ~410 tokens, bf16) took 7.2 s with it and 12.3 s without, one evening run each; a bf16
 forward + backward of 4 x 400 tokens 3.0 s vs 4.0-4.4 s (system time 7-10 s vs 15-20 s over 10
