@@ -5,6 +5,9 @@
   there would spread); compiled as the torch op, it returns what the plain call returns;
 - prefill (packed tokens of rows with and without a cached prefix, runs longer than the kernel's
   block) equals causal SDPA row by row;
+- the eager decode step's layer kernels: rotary embedding + cache writes + decode attention from the
+  fused projection equal the torch ops they replace (the cache bitwise in bfloat16); the norm and the
+  activation's product equal HF's;
 - loading its library leaves the process's floating-point mode alone (a library linked with
   ``-ffast-math`` turns on flush-to-zero for the whole process);
 - without a compiler the engine keeps SDPA and still decodes what HF's forward gives.
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from escrag.config import load_config
 from rollout.engines import cpu_attention
 from rollout.engines.base import SamplingParams
+from rollout.engines.decoder import _rope
 from rollout.engines.hf_engine import HFEngine
 
 LENS = [1, 17, 48, 30]  # row r attends positions [0, LENS[r]) of slot r
@@ -91,6 +95,61 @@ def test_prefill_kernel_is_causal_attention_of_each_row(dtype, atol, head_dim, h
         want.append(F.scaled_dot_product_attention(qr, k, v, attn_mask=causal, scale=scale).transpose(0, 1))
         i += new
     torch.testing.assert_close(out.float(), torch.cat(want), atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_layer_is_rotary_cache_writes_and_decode(dtype):
+    """``decode_layer_fn`` from a fused q/k/v row equals the torch path it replaces in eager decode steps
+    (decoder.py ``_rope``, the two cache writes, ``decode_fn``): the cache gets the rotated k and the v
+    at each row's position (bitwise in bfloat16, whose rounding it repeats op by op), nothing else of the
+    cache changes, and the output matches."""
+    heads, kv_heads, head_dim = 9, 3, 64
+    q, k_cache, v_cache, lens = _case(dtype, head_dim, heads, kv_heads)
+    pos = lens - 1
+    g = torch.Generator().manual_seed(5)
+    n = len(LENS)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    angle = pos[:, None].float() * torch.rand(head_dim // 2, generator=g).repeat(2)
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    signed = torch.cat((-sin[:, :head_dim // 2], sin[:, head_dim // 2:]), -1)
+    qr, k, v = qkv.view(n, -1, head_dim).split([heads, kv_heads, kv_heads], dim=1)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k[torch.arange(n), :, pos] = _rope(k, cos[:, None], signed[:, None])
+    want_v[torch.arange(n), :, pos] = v
+    want = cpu_attention.decode_fn(_rope(qr, cos[:, None], signed[:, None]), want_k, want_v, pos, 0.125)
+    lib = cpu_attention.kernel(dtype, head_dim, heads // kv_heads)
+    out = cpu_attention.decode_layer_fn(lib, qkv, cos, signed, k_cache, v_cache, pos, 0.125, heads)
+    exact = {"rtol": 0, "atol": 0} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-6}
+    torch.testing.assert_close(k_cache, want_k, equal_nan=True, **exact)
+    torch.testing.assert_close(v_cache, want_v, equal_nan=True, rtol=0, atol=0)
+    atol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.view(n, heads, head_dim).float(), want.float(), atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_and_activation_kernels_are_hfs(dtype):
+    """``rms_norm_fn`` equals HF's LlamaRMSNorm (after the residual add, which is bitwise torch's), and
+    ``silu_mul_fn`` the MLP's ``act_fn(gate) * up``: within float32 rounding, or one bfloat16 step (two for
+    the product: its ``expf`` is not torch's, so the rounded activation can differ by one step)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    g = torch.Generator().manual_seed(2)
+    norm = LlamaRMSNorm(576, eps=1e-5)
+    norm.weight.data = torch.randn(576, generator=g)
+    norm = norm.to(dtype)
+    x, res = (3 * torch.randn(8, 576, generator=g).to(dtype) for _ in range(2))
+    lib = cpu_attention.kernel(dtype, 64, 3)
+    total, h = cpu_attention.rms_norm_fn(lib, x, res, norm.weight, norm.variance_epsilon)
+    assert torch.equal(total, x + res)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2 ** -7, "atol": 0}
+    torch.testing.assert_close(h, norm(x + res), **tol)
+    same, h = cpu_attention.rms_norm_fn(lib, x, None, norm.weight, norm.variance_epsilon)
+    assert same is x
+    torch.testing.assert_close(h, norm(x), **tol)
+    gate_up = 4 * torch.randn(8, 2 * 1536, generator=g).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    if dtype == torch.bfloat16:  # a step of the rounded activation, then the product's own rounding
+        tol = {"rtol": 2 ** -6, "atol": 0}
+    torch.testing.assert_close(cpu_attention.silu_mul_fn(lib, gate_up), F.silu(gate) * up, **tol)
 
 
 def test_loading_the_kernel_keeps_subnormal_floats(tmp_path):

@@ -27,6 +27,7 @@ import torch
 
 from escrag.config import load_config
 from escrag.models import fast_bfloat16
+from rollout.engines import decoder
 from rollout.engines.base import SamplingParams
 from rollout.engines.decoder import cpu_packing
 from rollout.engines.hf_engine import HFEngine
@@ -281,6 +282,7 @@ def test_engine_follows_in_place_weight_loads(tiny_model, dtype):
     still matches the model's own HF forward on the tokens it drew."""
     eng = HFEngine(tiny_model, RO, dtype=dtype, seed=0)
     assert eng.decoder.packed == cpu_packing(getattr(torch, dtype))
+    assert eng.decoder.native_layers == (eng.decoder.packed and eng.decoder.kernel is not None)  # Qwen2: served
     layers = eng.model.model.layers  # a plain packed linear, one fused with others (q/k/v), the tied head
     eng.load_weights({"model.layers.1.mlp.down_proj.weight": layers[1].mlp.down_proj.weight * 8,
                       "model.layers.0.self_attn.k_proj.weight": layers[0].self_attn.k_proj.weight * 8,
@@ -321,11 +323,16 @@ def test_a_failing_prefill_fails_its_requests_and_the_engine_goes_on(tiny_model,
 # ------------------------------------------------------------------ compile
 
 
-def test_compiled_step_samples_what_eager_samples(tiny_model, engine):
-    """float32: the compiled step (sampler inside) draws exactly the eager engine's tokens, after
-    1-row and 1-token prefill passes (rows copying a prompt's K/V) too, and for a row joining a full
-    batch mid-decode."""
+@pytest.mark.parametrize("native", [True, False])
+def test_compiled_step_samples_what_eager_samples(tiny_model, engine, native, monkeypatch):
+    """float32: the compiled step draws exactly the eager engine's tokens, after 1-row and 1-token
+    prefill passes (rows copying a prompt's K/V) too, and for a row joining a full batch mid-decode.
+    Both compiled forms: native layer calls with the head and sampler compiled (where the kernels
+    serve the model), and the whole step as one graph (a model whose norm is not HF's RMSNorm)."""
+    if not native:
+        monkeypatch.setattr(decoder, "native_norm", lambda module: False)
     comp = HFEngine(tiny_model, _ro(compile=True, max_batch=4, max_seq_len=64), seed=0)
+    assert comp.decoder.native_layers == (native and engine.decoder.native_layers)
     p = params(12, 0.9, 0.95, 64)
     want = engine.generate(PROMPTS, p, seeds=[1, 2, 3])
     got = comp.generate(PROMPTS, p, seeds=[1, 2, 3])

@@ -1,7 +1,9 @@
 """Native attention for the transformers engine on the CPU.
 
 Owns: ``decode_fn`` (one token a row) and ``decode_attention`` (the same as a torch op, which compiled
-decode steps call), ``prefill_fn`` (packed tokens, causal), and the build of their kernels,
+decode steps call), ``prefill_fn`` (packed tokens, causal), the decode step's other layer kernels
+(``decode_layer_fn``: rotary embedding + K/V writes + attention from the fused projection;
+``rms_norm_fn``; ``silu_mul_fn``: the decoder's ``_native_layers``), and the build of their kernels,
 ``cpu_attention.c``, compiled once per (head_dim, query heads per K/V head) with the C compiler
 (``$CC``, else ``cc``) into ``$ESCRAG_CACHE`` (~0.5 s) and loaded with ctypes.
 
@@ -93,10 +95,16 @@ def _load(head_dim: int, groups: int):
         return None
     lib = ctypes.CDLL(str(folder / "attention.so"))
     for dtype in DTYPES.values():
-        for name, pointers in (("decode", 5), ("prefill", 6)):
-            fn = getattr(lib, f"{name}_attention_{dtype}")
+        for name, pointers in (("decode_attention", 5), ("prefill_attention", 6), ("decode_layer", 7)):
+            fn = getattr(lib, f"{name}_{dtype}")
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * 4 + [ctypes.c_float]
+        fn = getattr(lib, f"rms_norm_{dtype}")
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        fn = getattr(lib, f"silu_mul_{dtype}")
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     return lib
 
 
@@ -123,6 +131,40 @@ def prefill_fn(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sl
                pos: torch.Tensor, scale: float) -> torch.Tensor:
     """q [N, heads, head_dim], packed tokens: token i attends positions [0, pos[i]] of slot slots[i]."""
     return _call("prefill", q, k_cache, v_cache, [slots, pos], scale)
+
+
+def decode_layer_fn(lib, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, pos: torch.Tensor, scale: float, heads: int) -> torch.Tensor:
+    """A decode step's attention from the fused projection: qkv [n, (heads + 2 * kv_heads) * head_dim]
+    (q, k, v heads), cos and signed sin [n, head_dim] (decoder.py ``_rope``). Row r's rotated k and its v
+    go to position pos[r] of slot r, then its rotated q heads attend [0, pos[r]]; returns [n, heads *
+    head_dim]. One call for what is otherwise rotary embedding, two cache writes and ``decode_fn``."""
+    kvh, head_dim = k_cache.shape[1], k_cache.shape[-1]
+    out = qkv.new_empty(qkv.shape[0], heads * head_dim)
+    if getattr(lib, f"decode_layer_{DTYPES[qkv.dtype]}")(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+          pos.data_ptr(), qkv.shape[0], kvh, k_cache.stride(0), k_cache.stride(1), scale):
+        raise MemoryError("decode attention: out of memory for a work item's scores")
+    return out
+
+
+def rms_norm_fn(lib, x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's RMSNorm of the rows of x [n, E] (contiguous), after ``x + res`` where res is given, as one
+    native call: (the sum, or x; the normalised rows times ``weight``), rounded where HF's rounds."""
+    h = torch.empty_like(x)
+    out = torch.empty_like(x) if res is not None else x
+    getattr(lib, f"rms_norm_{DTYPES[x.dtype]}")(x.data_ptr(), None if res is None else res.data_ptr(),
+                                                  weight.data_ptr(), out.data_ptr(), h.data_ptr(), x.shape[0],
+                                                  x.shape[-1], eps)
+    return out, h
+
+
+def silu_mul_fn(lib, gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of gate_up [n, 2m] (gate, up) as one native call: [n, m], rounded where HF's
+    ``act_fn(gate) * up`` rounds."""
+    out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+    getattr(lib, f"silu_mul_{DTYPES[gate_up.dtype]}")(gate_up.data_ptr(), out.data_ptr(), *out.shape)
+    return out
 
 
 # A Library op rather than ``custom_op`` (whose Python wrapper costs ~7 µs a call): compiled decode
