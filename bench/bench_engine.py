@@ -20,7 +20,10 @@ right before every timed run, in the variant's process on the thread that runs i
 to 33 GB/s within minutes, so one reading for the whole run misstates the bound of most runs), and
 counts the model's weight bytes at each dtype (the tied embedding once: the LM head reads it whole).
 The table gives each of ours as a share of that bound: the median over its runs of tok/s over
-``batch x bandwidth / weight bytes`` of the same run.
+``batch x bandwidth / weight bytes`` of the same run; and ``decode``, the same for the run's decode
+steps alone (the tokens they made over the seconds they took, from the engine's ``stats``). The first
+counts the prefill too, which the bound does not bound: a pass over the prompts' tokens is
+compute-bound (at b8 ~900 prompt tokens against 512 new ones, about a quarter of the run).
 
 Each variant runs in its own process (each then has the process's only OpenMP pool, as a rollout
 worker does: rollout/engines/hf_engine.py); runs interleave (batch x variant, ``--repeats`` rounds, one
@@ -145,8 +148,11 @@ class Ours:
     def run(self, batch: list[list[int]]) -> int:
         self.engine.call(self.engine.prefix_cache.clear)
         self.seed += len(batch)
+        before = dict(self.engine.stats)
         gens = self.engine.generate(batch, self.params, list(range(self.seed, self.seed + len(batch))))
         self.last = gens
+        # the run's split: seconds in prefill passes and in decode steps, and the tokens the steps made
+        self.phase = {k: self.engine.stats[k] - before[k] for k in ("prefill_s", "decode_s", "decode_rows")}
         return sum(len(g.token_ids) for g in gens)
 
 
@@ -214,7 +220,10 @@ def serve_variant(name: str, args, ids: list[list[int]], max_seq: int, conn) -> 
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         kind, b = msg
-        conn.send(timed(runner.run, ids[:b], call) if kind == "run" else call(logprob_gap, runner, args.model, ids[:b]))
+        if kind == "run":
+            conn.send({**timed(runner.run, ids[:b], call), **getattr(runner, "phase", {})})
+        else:
+            conn.send(call(logprob_gap, runner, args.model, ids[:b]))
 
 
 def measure(args) -> dict:
@@ -281,7 +290,7 @@ def weight_read_bound(spec: str, names: list[str], runs: dict) -> dict:
     params = {p.data_ptr(): p.numel() for p in load_causal_lm(spec, "float32").parameters()}  # tied: once
     bws = [x["bandwidth_bytes_s"] for v in runs.values() for x in v]
     out = {"bandwidth_bytes_s": statistics.median(bws), "bandwidth_range": [min(bws), max(bws)],
-           "params": sum(params.values()), "weight_bytes": {}, "share": {}}
+           "params": sum(params.values()), "weight_bytes": {}, "share": {}, "decode_share": {}}
     for name in names:
         kind, dtype = split_variant(name)
         dtype = engine_dtype(dtype, "float32", "cpu")
@@ -290,8 +299,10 @@ def weight_read_bound(spec: str, names: list[str], runs: dict) -> dict:
             continue
         for key in (k for k in runs if k.startswith(name + "/b")):
             b = int(key.rsplit("/b", 1)[1])
-            out["share"][key] = statistics.median(
-                x["tok_s"] / (b * x["bandwidth_bytes_s"] / out["weight_bytes"][dtype]) for x in runs[key])
+            bound = [b * x["bandwidth_bytes_s"] / out["weight_bytes"][dtype] for x in runs[key]]  # tok/s
+            out["share"][key] = statistics.median(x["tok_s"] / y for x, y in zip(runs[key], bound))
+            out["decode_share"][key] = statistics.median(  # the decode steps alone: what the bound bounds
+                x["decode_rows"] / x["decode_s"] / y for x, y in zip(runs[key], bound))
     return out
 
 
@@ -301,14 +312,15 @@ def print_table(res: dict) -> None:
     for key, unit in (("median_tok_s", "tok/s"), ("median_tok_cpu_s", "tok/cpu-s")):
         med = res[key]
         print(f"\n{'variant':<22}" + "".join(f"{'b' + b + ' ' + unit:>16}{'x hf':>7}" for b in batches)
-              + (f"{'b' + batches[0] + ' of bound':>14}" if key == "median_tok_s" else ""))
+              + (f"{'b' + batches[0] + ' of bound':>14}{'decode':>8}" if key == "median_tok_s" else ""))
         for n in names:
             row, base = f"{label(n):<22}", baseline_of(n, names)
             for b in batches:
                 v, ref = med[f"{n}/b{b}"], med.get(f"{base}/b{b}") if base else None
                 row += f"{v:>16.1f}" + (f"{v / ref:>7.2f}" if ref else f"{'':>7}")
-            share = res.get("bound", {}).get("share", {}).get(f"{n}/b{batches[0]}") if key == "median_tok_s" else None
-            print(row + (f"{share:>13.0%}" if share is not None else ""))
+            bd = res.get("bound", {}) if key == "median_tok_s" else {}
+            share, dec = (bd.get(k, {}).get(f"{n}/b{batches[0]}") for k in ("share", "decode_share"))
+            print(row + (f"{share:>13.0%}{dec:>8.0%}" if share is not None else ""))
     if "bound" in res:
         bd = res["bound"]
         lo, hi = bd["bandwidth_range"]
@@ -316,7 +328,8 @@ def print_table(res: dict) -> None:
               f"GB/s ({lo / 1e9:.1f}-{hi / 1e9:.1f}); " + ", ".join(
                   f"{d} {w / 1e6:.0f} MB a step" for d, w in bd["weight_bytes"].items())
               + f"; {bd['params'] / 1e6:.1f} M parameters, tied once; share = median over runs of tok/s over "
-              "batch x bandwidth / weight bytes of that run")
+              "batch x bandwidth / weight bytes of that run; decode: the same for the run's decode steps alone "
+              "(tokens they made over their seconds; the prefill, compute-bound, left out)")
     if "compile_s" in res:
         print("compile time (warm-up minus median run): " +
               ", ".join(f"{k} {v:.0f} s" for k, v in res["compile_s"].items()) +

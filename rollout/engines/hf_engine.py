@@ -98,9 +98,9 @@ class HFEngine(GenerationEngine):
         self._front: AsyncFront | None = None
         # steps: decode passes; decode_rows: live rows over them; joined_running: rows admitted while
         # others were mid-decode; prefill_passes: batched prefills; prefill_tokens / reused_tokens:
-        # prompt tokens computed / copied
+        # prompt tokens computed / copied; prefill_s / decode_s: seconds in the decoder's passes
         self.stats = dict.fromkeys(("steps", "decode_rows", "joined_running", "prefill_passes", "prefill_tokens",
-                                    "reused_tokens"), 0)
+                                    "reused_tokens", "prefill_s", "decode_s"), 0)
         self._thread = threading.Thread(target=_engine_thread, args=(weakref.ref(self), self._queue),
                                         name="hf-engine", daemon=True)
         self._thread.start()
@@ -304,11 +304,13 @@ class HFEngine(GenerationEngine):
                     self.decoder.restore(source, first + i, start)
                 self.stats["prefill_tokens"] += len(rows[i].prompt) - start
                 self.stats["reused_tokens"] += start
+            t = time.perf_counter()
             if self.invariant:  # a batched pass runs other kernel shapes (module doc)
                 logits += [self.decoder.prefill(first + i, [rows[i].prompt], [0]) for i in range(lo, hi)]
             else:
                 logits.append(self.decoder.prefill(first + lo, [r.prompt for r in rows[lo:hi]],
                                                    [start for start, _, _ in plans[lo:hi]]))
+            self.stats["prefill_s"] += time.perf_counter() - t
             self.stats["prefill_passes"] += hi - lo if self.invariant else 1
         return torch.cat(logits)
 
@@ -351,9 +353,11 @@ class HFEngine(GenerationEngine):
     def _step(self) -> list[_Row]:
         live = self._live
         p = live[0].request.params
+        t = time.perf_counter()
         toks, logps = self.decoder.decode([r.token_ids[-1] for r in live], [r.pos for r in live],
                                           [r.seed for r in live], [len(r.token_ids) for r in live],
                                           p.temperature, p.top_p, p.top_k)
+        self.stats["decode_s"] += time.perf_counter() - t
         self.stats["steps"] += 1
         self.stats["decode_rows"] += len(live)
         finished = [i for i, (row, t, lp) in enumerate(zip(live, toks, logps)) if self._advance(row, t, lp)]
