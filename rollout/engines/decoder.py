@@ -305,11 +305,12 @@ class SlotDecoder:
 
 
     def _native_layers(self, x, cos, sin, pos) -> torch.Tensor:
-        """The layers of an eager decode step (x [n, 1, E]), each as 7 calls: norm, q/k/v projection,
-        ``decode_layer_fn`` (rotary embedding, cache writes, attention), output projection, residual add
-        and norm, gate/up projection, the activation's product, down projection (its residual add goes
-        into the next layer's norm). The same math as ``_qkv_fn`` / ``_attend_and_mlp_fn`` with
-        the small ops in C: eagerly, each op costs a few microseconds of Python and dispatch, ~40 a layer."""
+        """The layers of a decode step (x [n, 1, E]; with ``rollout.compile`` too, only the head is
+        compiled there), each as 8 calls: norm, q/k/v projection, ``decode_layer_fn`` (rotary embedding,
+        cache writes, attention), output projection, residual add and norm, gate/up projection, the
+        activation's product, down projection (its residual add goes into the next layer's norm). The
+        same math as ``_qkv_fn`` / ``_attend_and_mlp_fn`` with the small ops in C: eagerly, each torch op
+        costs a few microseconds of Python and dispatch, ~45 a layer."""
         lib, n = self.kernel, x.shape[0]
         x, cos, sin, pos = x.view(n, -1), cos.reshape(n, -1), sin.reshape(n, -1), pos.view(n)
         res = None
@@ -318,10 +319,9 @@ class SlotDecoder:
             x, h = cpu_attention.rms_norm_fn(lib, x, res, *_norm_args(layer.input_layernorm))
             out = cpu_attention.decode_layer_fn(lib, _packed_linear_fn(h, fused[0], fused[1]), cos, sin, k_cache,
                                                 v_cache, pos, attn.scaling, self.heads)
-            x, h = cpu_attention.rms_norm_fn(lib, x, _packed_linear_fn(out, attn.o_proj.weight, attn.o_proj.bias),
+            x, h = cpu_attention.rms_norm_fn(lib, x, _linear(attn.o_proj, out, True),
                                              *_norm_args(layer.post_attention_layernorm))
-            act = cpu_attention.silu_mul_fn(lib, _packed_linear_fn(h, fused[2], fused[3]))
-            res = _packed_linear_fn(act, mlp.down_proj.weight, mlp.down_proj.bias)
+            res = _linear(mlp.down_proj, cpu_attention.silu_mul_fn(lib, _packed_linear_fn(h, fused[2], fused[3])), True)
         return (x + res)[:, None]
 
 
