@@ -141,7 +141,8 @@ def decode_layer_fn(lib, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     head_dim]. One call for what is otherwise rotary embedding, two cache writes and ``decode_fn``."""
     kvh, head_dim = k_cache.shape[1], k_cache.shape[-1]
     out = qkv.new_empty(qkv.shape[0], heads * head_dim)
-    if getattr(lib, f"decode_layer_{DTYPES[qkv.dtype]}")(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+    fn = getattr(lib, f"decode_layer_{DTYPES[qkv.dtype]}")
+    if fn(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
           pos.data_ptr(), qkv.shape[0], kvh, k_cache.stride(0), k_cache.stride(1), scale):
         raise MemoryError("decode attention: out of memory for a work item's scores")
     return out

@@ -303,7 +303,6 @@ class SlotDecoder:
             x = attend(layer, x, q, keys, values, mask, native, self.heads, self.kv_heads, fused, gather)
         return x
 
-
     def _native_layers(self, x, cos, sin, pos) -> torch.Tensor:
         """The layers of a decode step (x [n, 1, E]; with ``rollout.compile`` too, only the head is
         compiled there), each as 8 calls: norm, q/k/v projection, ``decode_layer_fn`` (rotary embedding,
@@ -316,11 +315,12 @@ class SlotDecoder:
         res = None
         for layer, fused, k_cache, v_cache in zip(self.inner.layers, self.fused, self.keys, self.values):
             attn, mlp = layer.self_attn, layer.mlp
-            x, h = cpu_attention.rms_norm_fn(lib, x, res, *_norm_args(layer.input_layernorm))
+            norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+            x, h = cpu_attention.rms_norm_fn(lib, x, res, norm1.weight, norm1.variance_epsilon)
             out = cpu_attention.decode_layer_fn(lib, _packed_linear_fn(h, fused[0], fused[1]), cos, sin, k_cache,
                                                 v_cache, pos, attn.scaling, self.heads)
-            x, h = cpu_attention.rms_norm_fn(lib, x, _linear(attn.o_proj, out, True),
-                                             *_norm_args(layer.post_attention_layernorm))
+            x, h = cpu_attention.rms_norm_fn(lib, x, _linear(attn.o_proj, out, True), norm2.weight,
+                                             norm2.variance_epsilon)
             res = _linear(mlp.down_proj, cpu_attention.silu_mul_fn(lib, _packed_linear_fn(h, fused[2], fused[3])), True)
         return (x + res)[:, None]
 
@@ -330,10 +330,6 @@ def native_norm(module) -> bool:
     the normalised row in the model's dtype before the product), which ``cpu_attention.rms_norm_fn`` computes."""
     return type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm") and \
         hasattr(module, "variance_epsilon")
-
-
-def _norm_args(norm) -> tuple[torch.Tensor, float]:
-    return norm.weight, norm.variance_epsilon
 
 
 # Under torch.compile each of these is compiled once and stamped out for every layer. The cache
