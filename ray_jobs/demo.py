@@ -44,7 +44,7 @@ def compute_note(cfg: Config) -> str:
 
     fast = fast_bfloat16("cpu")
     rollout = engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device)
-    minutes = "~10" if fast and "bfloat16" in (cfg.policy.dtype, rollout) else "~60"
+    minutes = "~10" if fast and "bfloat16" in (cfg.policy.dtype, rollout) else "~70"
     why = "" if fast else " (this CPU has no AMX / AVX512-BF16: bfloat16 matmuls would be emulated)"
     return (f"compute: learner {cfg.policy.dtype}, rollout engine {rollout}, reward backbone {cfg.reward.dtype}{why}; "
             f"a fresh-clone demo took {minutes} minutes on 2 cores in these dtypes")
