@@ -79,25 +79,25 @@ async def _answer_all(cfg: Config, asks: list[tuple[str, list]], retriever_url: 
     pairs), in order: one list per ask.
 
     An answer depends only on its state and seed (and the config), never on which other states were
-    asked with it or when (tests/test_pipeline.py). With a bfloat16 transformers engine (the CPU demo's)
-    an ask's answers decode in batches of ``rollout.max_batch`` rows under ``rollout.batch_invariant``,
-    each bitwise as it would alone (tests/test_engine_continuous.py); the asks take turns on one engine, which loads the next policy's
-    weights (one compile in all). Otherwise (float32, where attention rounds with the batch's attended
-    length) each answer decodes alone, an engine of one row, and the asks run side by side on a share
-    of the threads each: two engines of two threads on 2 cores fight over them op by op (SmolLM2 bf16,
-    one row: 46 tok/s in all, against 76 with a thread each). The answers are scored after all of them
+    asked with it or when (tests/test_pipeline.py). With a transformers engine on the CPU in float32 or
+    bfloat16 (the native attention kernels: a row reads only its own K/V) an ask's answers decode in
+    batches of ``rollout.max_batch`` rows under ``rollout.batch_invariant``, each bitwise as it would
+    alone (tests/test_engine_continuous.py, both dtypes); the asks take turns on one engine, which loads
+    the next policy's weights (one compile in all). Otherwise (a GPU's SDPA, float16) each answer decodes
+    alone, an engine of one row, and the asks run side by side on a share of the threads each. The
+    answers are scored after all of them
     (a score does not depend on its batch on a CPU: reward_server/model.py)."""
     import torch
     from safetensors.torch import load_file
 
-    from escrag.models import engine_dtype
+    from escrag.models import engine_dtype, resolve_device
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
     from rollout.engines import make_engine
     from rollout.episode import answer, engine_chat
 
-    batched = (cfg.rollout.engine == "transformers"
-               and engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) == "bfloat16")
+    batched = (cfg.rollout.engine == "transformers" and resolve_device(cfg.rollout.device) == "cpu"
+               and engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) in ("float32", "bfloat16"))
     rows = cfg.rollout.max_batch if batched else 1  # a fixed row count: the kernels' shapes never change
     run = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch=rows, batch_invariant=batched))
     turns = [[ask] for ask in asks] if batched else [asks]

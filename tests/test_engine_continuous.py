@@ -389,15 +389,21 @@ def smollm2_shaped(tmp_path_factory, tiny_model) -> str:
     return str(out)
 
 
-@pytest.mark.skipif(not fast_bfloat16("cpu"), reason="measured where bfloat16 matmuls are native (AVX512-BF16, AMX)")
-@pytest.mark.parametrize("compiled", [False, True])
-def test_batch_invariant_rows_do_not_depend_on_their_batch(smollm2_shaped, compiled):
-    """``rollout.batch_invariant`` in bfloat16 (compiled: the CPU demo's engine): each row's tokens and
-    log-probs are bitwise those it gets alone, whichever rows share its decode steps, would share its
-    prefill pass or its prompt's prefix, or join it mid-decode; nothing is reused. Without the option
-    both fail (a batched prefill pass and copied K/V move rows by a rounding error)."""
+BF16_NATIVE = pytest.mark.skipif(not fast_bfloat16("cpu"),
+                                 reason="measured where bfloat16 matmuls are native (AVX512-BF16, AMX)")
+
+
+@pytest.mark.parametrize("dtype,compiled", [("float32", False), pytest.param("bfloat16", False, marks=BF16_NATIVE),
+                                            pytest.param("bfloat16", True, marks=BF16_NATIVE)])
+def test_batch_invariant_rows_do_not_depend_on_their_batch(smollm2_shaped, dtype, compiled):
+    """``rollout.batch_invariant`` (the CPU demo's comparison: its engine's dtype, uncompiled; compiled
+    too in bfloat16): each row's tokens and log-probs are bitwise those it gets alone, whichever rows
+    share its decode steps, would share its prefill pass or its prompt's prefix, or join it mid-decode;
+    nothing is reused. Without the option the bfloat16 rows fail (a batched prefill pass and copied K/V
+    move rows by a rounding error); the float32 ones passed without it on an AVX2 CPU, but nothing
+    there promises a kernel's blocking never follows the row count."""
     eng = HFEngine(smollm2_shaped, _ro(compile=compiled, batch_invariant=True, max_batch=8, max_seq_len=128),
-                   dtype="bfloat16", seed=0)
+                   dtype=dtype, seed=0)
     g = torch.Generator().manual_seed(0)
     chat = [torch.randint(100, 40000, (n,), generator=g).tolist() for n in (40, 55, 31, 62)]
     prompts = [chat[0], chat[0] + [5, 6], chat[1], chat[2], chat[0], chat[3], chat[1][:20], chat[3] + [9]]

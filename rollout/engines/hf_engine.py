@@ -33,9 +33,10 @@ when they arrive: a kernel's shape, and with it its blocking and threading, neve
 other rows. Without it
 they do, by a rounding error that can flip a near-tied draw (SmolLM2 on this CPU, 24 rows: 3 differ
 from their run alone, in bfloat16 compiled; a batched prefill pass, copied K/V and the decode step's
-row count each move rows). Bitwise in bfloat16, eager and compiled (tests/test_engine_continuous.py
-checks rows against their run alone); in float32 attention rounds differently over a longer attended
-length (the longest live row's), so rows match up to rounding only. The price: a step costs
+row count each move rows). Bitwise in float32 and bfloat16 on a CPU, eager and compiled, where the native attention
+kernels run (``cpu_attention.py``: a row reads only its own K/V; tests/test_engine_continuous.py checks
+rows against their run alone); through SDPA (a GPU, float16) every row attends the longest live row's
+length, so rows match up to rounding only. The price: a step costs
 ``max_batch`` rows however many are live, and prompts sharing a prefix each prefill it whole (32 rows
 of 90-320-token prompts, max_batch 32, 96 tokens, bf16 compiled: 11.0 s vs 8.9 without the option).
 Compiled, its one-row prefill passes run eagerly and its step is the graph compiled without the
