@@ -39,12 +39,12 @@ def banner(step: str) -> float:
 
 def compute_note(cfg: Config) -> str:
     """The dtypes the demo computes in on this machine and how long a fresh-clone demo took on 2 cores
-    in them (README, Performance): a CPU without fast bfloat16 runs the float32 path, ~7x longer (measured on an AVX2-only EPYC)."""
+    in them (README, Performance): a CPU without fast bfloat16 runs the float32 path, ~6x longer (measured on an AVX2-only EPYC: 60 min against 10)."""
     from escrag.models import engine_dtype, fast_bfloat16
 
     fast = fast_bfloat16("cpu")
     rollout = engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device)
-    minutes = "~10" if fast and "bfloat16" in (cfg.policy.dtype, rollout) else "~70"
+    minutes = "~10" if fast and "bfloat16" in (cfg.policy.dtype, rollout) else "~60"
     why = "" if fast else " (this CPU has no AMX / AVX512-BF16: bfloat16 matmuls would be emulated)"
     return (f"compute: learner {cfg.policy.dtype}, rollout engine {rollout}, reward backbone {cfg.reward.dtype}{why}; "
             f"a fresh-clone demo took {minutes} minutes on 2 cores in these dtypes")
