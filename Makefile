@@ -37,7 +37,7 @@ demo: install
 # the slow tests (SmolLM2 end to end, minutes each) are deselected here and run by `make test-all`
 # TEST_WORKERS=N: N pytest-xdist workers (tests/conftest.py keeps a module on one worker and every Ray
 # test on one, so Ray still starts once; each worker's torch gets cores / N threads). Default 2: on a
-# 2-core AVX2 CPU the tests took 1,238 s on 2 workers against 1,722 s in one process; on the AVX512-BF16
+# 2-core AVX2 CPU the tests took 1,238 and 1,482 s on 2 workers against 1,779 s in one process; on the AVX512-BF16
 # one, beside another job, 1,380 s against 1,354 (README, Development). TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
