@@ -93,11 +93,11 @@ async def _answer_all(cfg: Config, asks: list[tuple[str, list]], retriever_url: 
     from escrag.models import engine_dtype, resolve_device
     from retriever_server.client import RetrieverClient
     from reward_server.client import RewardClient
-    from rollout.engines import make_engine
+    from rollout.engines import cpu_attention, make_engine
     from rollout.episode import answer, engine_chat
 
     batched = (cfg.rollout.engine == "transformers" and resolve_device(cfg.rollout.device) == "cpu"
-               and engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) in ("float32", "bfloat16"))
+               and engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) in cpu_attention.DTYPES.values())
     rows = cfg.rollout.max_batch if batched else 1  # a fixed row count: the kernels' shapes never change
     run = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch=rows, batch_invariant=batched))
     turns = [[ask] for ask in asks] if batched else [asks]
