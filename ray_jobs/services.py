@@ -1,7 +1,8 @@
 """The retriever and reward servers a job needs: use given URLs, or start them and keep them up.
 
 Owns: ``JobServices`` (a context manager: ``with JobServices(...) as svc: svc.urls``) that starts the
-servers a job needs as child processes unless ``retriever.url`` / ``reward.url`` are given, gives them
+servers a job needs as child processes unless ``retriever.url`` / ``reward.url`` are given (both
+launched before either is waited for, so they load side by side), gives them
 the job's resolved config file so their numbers match the job's, watches the ones it started and
 restarts a dead one on the same port (so the workers' URLs stay valid and their clients' retries go
 through once it is back: nothing is lost), counts the restarts for the job's metrics, and stops only
@@ -82,7 +83,9 @@ class JobServices:
                 elif given[name]:
                     self.urls[name] = given[name]
                 else:
-                    self.urls[name] = self._start(name, makers[name](self.cfg, self.config_file)).url
+                    self.urls[name] = self._launch(name, makers[name](self.cfg, self.config_file)).url
+            for name, server in self.started.items():  # launched together, so they load side by side
+                self._wait(name, server)
             self._watcher = threading.Thread(target=self._watch, name="job-services", daemon=True)
             self._watcher.start()
         except BaseException:
@@ -90,14 +93,17 @@ class JobServices:
             raise
         return self
 
-    def _start(self, name: str, args: list[str]) -> ServerProcess:
+    def _launch(self, name: str, args: list[str]) -> ServerProcess:
         self.log(f"[job] starting {name} server: escrag serve {' '.join(args)}")
-        env = gpu_env(self.devices.get(name))
-        server = ServerProcess(name, args, self.log_dir, self.cfg.run.server_timeout_s, env=env)
+        server = ServerProcess(name, args, self.log_dir, None, env=gpu_env(self.devices.get(name)))
         self.started[name] = server
+        return server
+
+    def _wait(self, name: str, server: ServerProcess) -> None:
+        server.wait(self.cfg.run.server_timeout_s)
+        env = server.env
         where = f", CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if env else ""
         self.log(f"[job] {name} server up at {server.url} (pid {server.proc.pid}{where})")
-        return server
 
     def _watch(self) -> None:
         """Restart a started server that died, on its port; clients retry meanwhile."""

@@ -206,6 +206,8 @@ def test_job_restarts_a_killed_retriever(ray_session, tmp_path, esconv_index):
                      ["-o", "rollout.rag=true", "-o", f"retriever.index_dir={esconv_index}", "-o", "retriever.k=2"], {})
     assert all(0.0 <= r["stage1_format_mean"] <= 1.0 for r in rows)
     assert all(0.0 < r[k] <= r["gen_s"] for r in rows for k in ("stage1_s", "retrieve_s", "stage2_s", "reward_s"))
+    text = (tmp_path / "job.log").read_text()  # both servers launched before either is waited for
+    assert text.index("[job] starting reward server") < text.index("[job] retriever server up at")
 
 
 def test_job_stops_cleanly_when_a_given_service_stays_down(ray_session, tmp_path):
