@@ -218,4 +218,15 @@ def load_tokenizer(spec: str):
 def load_causal_lm(spec: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(resolve_model(spec), dtype=torch_dtype(dtype))
+    return cpu_bf16_ready(AutoModelForCausalLM.from_pretrained(resolve_model(spec), dtype=torch_dtype(dtype)))
+
+
+def cpu_bf16_ready(model):
+    """``model`` with its linears' bfloat16 products emulated in float32 on a CPU without bfloat16
+    instructions (``escrag.bf16cpu``; ~20x faster there than PyTorch's fallback); unchanged where
+    ``fast_bfloat16("cpu")``."""
+    if fast_bfloat16("cpu"):
+        return model
+    from escrag.bf16cpu import emulate_bf16_linears
+
+    return emulate_bf16_linears(model)

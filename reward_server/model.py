@@ -33,7 +33,7 @@ from pathlib import Path
 from escrag import atomic, prompts
 from escrag.atomic import MANIFEST_FILE, atomic_file, write_json
 from escrag.errors import UserError
-from escrag.models import resolve_device, resolve_model, torch_dtype
+from escrag.models import cpu_bf16_ready, resolve_device, resolve_model, torch_dtype
 
 HEAD_FILE = "head.safetensors"
 FORMAT_VERSION = 1
@@ -73,7 +73,7 @@ class Backbone:
         self.spec, self.dtype, self.max_length, self.max_turns = spec, dtype, max_length, max_turns
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = resolve_device(device)
-        self.model = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype)).to(self.device).eval()
+        self.model = cpu_bf16_ready(AutoModel.from_pretrained(path, dtype=torch_dtype(dtype))).to(self.device).eval()
         self.model.requires_grad_(False)
         self.hidden_size = int(self.model.config.hidden_size)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
