@@ -56,7 +56,8 @@ _section = dataclass(config=ConfigDict(extra="forbid"))
 
 def resolve_auto_dtype(dtype: str, device: str) -> str:
     """``auto`` -> bfloat16 where it is fast on ``device`` (a GPU, a CPU with AMX / AVX512-BF16), else
-    float32 (an AVX2 CPU emulates bfloat16 matmuls: ~7x slower); another dtype is kept."""
+    float32 (an AVX2 CPU has no bfloat16 GEMM: emulated, ``escrag.bf16cpu``, at float32's speed at
+    best); another dtype is kept."""
     if dtype != "auto":
         return dtype
     from escrag.models import fast_bfloat16, resolve_device

@@ -429,7 +429,7 @@ def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from escrag.models import resolve_model
+    from escrag.models import cpu_bf16_ready, resolve_model
     from escrag.safety.backbone import Backbone, render
 
     shutil.copytree(resolve_model("tiny-random:llama"), tmp_path / "m")
@@ -441,7 +441,7 @@ def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(
     convs = [_user("I have the pills counted out"), _user("exams are killing me", "ok", "fine, really")]
     enc = bb.tok([render(h) for h in convs], return_tensors="pt", padding=True)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-        hs = model.eval()(**enc, output_hidden_states=True).hidden_states
+        hs = cpu_bf16_ready(model).eval()(**enc, output_hidden_states=True).hidden_states  # the linears it loads
     mask = enc.attention_mask.unsqueeze(-1).float()
     want = torch.cat([(hs[k].float() * mask).sum(1) / mask.sum(1) for k in (1, 3)], dim=1).numpy()
     np.testing.assert_array_equal(bb.features(convs), want)

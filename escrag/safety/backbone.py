@@ -21,7 +21,7 @@ def render(history: list[dict]) -> str:
 def conv_dtype(sc) -> str:
     """``safety.conv_dtype`` resolved for ``safety.conv_device``: ``auto`` is bfloat16 where it is fast
     (``escrag.models.fast_bfloat16``: a GPU, or a CPU with AMX / AVX512-BF16), else float32 (an AVX2
-    CPU emulates bfloat16 matmuls, ~7x slower than float32)."""
+    CPU has no bfloat16 GEMM: ``escrag.bf16cpu`` emulates it at float32's speed at best)."""
     from escrag.models import fast_bfloat16, resolve_device
 
     if sc.conv_dtype != "auto":
