@@ -5,7 +5,7 @@ product on the CPU as a float32 GEMM over the bfloat16-rounded operands, rounded
 the numbers PyTorch's own bfloat16 GEMM gives there (it too multiplies bfloat16 values and sums in
 float32), in another summation order, at float32 GEMM speed. PyTorch has no fast bfloat16 GEMM for
 such a CPU (oneDNN's needs AVX512); its fallback ran the tiny test model's LM head (2,048 x 64 x
-49,152) in 17.5 s against 0.75 s in float32 on one AVX2 core (``bench/bench_cpu_bf16.py``).
+49,152) in 15.7 s against 0.56 s in float32 on one AVX2 core (``bench/bench_cpu_bf16.py``).
 
 It covers both ways bfloat16 reaches a linear here: bfloat16 weights and inputs (the rollout engine,
 the KL reference, a bfloat16 RM backbone) and float32 weights under ``torch.autocast("cpu",

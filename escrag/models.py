@@ -223,7 +223,7 @@ def load_causal_lm(spec: str, dtype: str = "float32"):
 
 def cpu_bf16_ready(model):
     """``model`` with its linears' bfloat16 products emulated in float32 on a CPU without bfloat16
-    instructions (``escrag.bf16cpu``; ~20x faster there than PyTorch's fallback); unchanged where
+    instructions (``escrag.bf16cpu``; 1.3-27x faster there than PyTorch's fallback); unchanged where
     ``fast_bfloat16("cpu")``."""
     if fast_bfloat16("cpu"):
         return model
