@@ -13,9 +13,9 @@
   max_seq_len ends a row and rejects longer prompts;
 - under torch.compile (engines compiling a decode step; the prefill is eager): float32 draws exactly
   the eager tokens (the sampler in the graph is the eager one), also for rows joining mid-decode, and
-  an in-place load of the LM head is seen by the compiled graph and the packed copies; bfloat16
-  matches the model's own forward and sees the load too (in `make test` where bf16 is native, else in
-  `make test-all`);
+  an in-place load (a packed linear, a fused q/k/v one, the tied head) is seen by the compiled graph
+  and the packed copies; bfloat16 matches the model's own forward and sees the load too (in
+  `make test` where bf16 is native, else in `make test-all`);
 - a failing prefill pass fails its requests (no caller waits forever) and the engine goes on.
 Run: .venv/bin/python -m pytest -q tests/test_engine_continuous.py"""
 
@@ -375,7 +375,7 @@ def _slow_where_emulated(test):
 @_slow_where_emulated
 def test_compiled_bfloat16_step_sees_weight_loads(tiny_model):
     """bfloat16 (oneDNN-packed linears inside the graph where bf16 is native): log-probs match the
-    model's own HF forward; after a load of the (tied) LM head, the compiled graph and the packed copies
+    model's own HF forward; after a load (``_follows_a_load``), the compiled graph and the packed copies
     both see the new weights. (Compiled and eager bf16 differ in rounding: inductor fuses elementwise ops.)"""
     comp = HFEngine(tiny_model, _ro(compile=True, max_batch=4, max_seq_len=64), dtype="bfloat16", seed=0)
     p = params(12, 0.9, 0.95, 64)
