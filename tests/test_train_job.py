@@ -11,9 +11,9 @@ reward server process (``vowels`` rule) and the session Ray head:
   flight, the job resumes at the checkpoint's step and data position, draws that in-flight batch
   again with the checkpoint's weights (its groups are not behind the learner) and trains every later
   step on groups exactly one version behind, each step once, nothing dropped;
-- services: a reward server the job started (with ``ESCRAG_API_KEY`` set, so the workers must send it)
-  and a retriever the job started are each killed with SIGKILL mid-run; the job restarts them, finishes
-  every step with every group once, and its metrics count the restart; a reward server the job was
+- services: a retriever and a reward server the job started (with ``ESCRAG_API_KEY`` set, so the workers
+  must send it) are killed with SIGKILL mid-run, one after step 1, the other after step 2; the job restarts
+  them, finishes every step with every group once, and its metrics count both restarts; a reward server the job was
   only given goes away, and the job stops with exit 1, a one-line message naming the URL, and a
   checkpoint at the last finished step;
 - held-out validation (``grpo.eval_every``): the same seeded valid-split states after every step through
@@ -173,41 +173,36 @@ def _wait_rows(out: Path, n: int, proc, log: Path, timeout: float = 300) -> None
     raise AssertionError(f"fewer than {n} steps after {timeout} s:\n{log.read_text()[-4000:]}")
 
 
-def _survives(ray_session, tmp_path, name: str, extra: list[str], env: dict) -> list[dict]:
-    """Run a 4-step job that starts its own servers; SIGKILL the ``name`` server after step 1."""
+def test_job_restarts_killed_servers_and_sends_the_api_key(ray_session, tmp_path, esconv_index):
+    """A 4-step two-stage job that starts its own retriever and reward server, with ``ESCRAG_API_KEY``
+    set (so the servers require it and the workers must send it): the retriever is killed (SIGKILL)
+    after step 1 and the reward server after step 2; the job restarts each and finishes every step
+    with every group once. One job for both kills: each job here is ~30 s of a 2-core CI run."""
     out, log = tmp_path / "run", tmp_path / "job.log"
-    cmd = _job(out, None, 4) + ["-o", f"ray.address={ray_session.address}", *extra]
+    extra = ["rollout.rag=true", f"retriever.index_dir={esconv_index}", "retriever.k=2"]
+    cmd = _job(out, None, 4) + ["-o", f"ray.address={ray_session.address}", *[a for e in extra for a in ("-o", e)]]
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "ESCRAG_API_KEY": "job-secret"})
     try:
-        pid = _started_pid(log, name)
-        _wait_rows(out, 1, proc, log)
-        os.kill(pid, signal.SIGKILL)
+        pids = {name: _started_pid(log, name) for name in ("retriever", "reward")}
+        for step, name in enumerate(("retriever", "reward"), start=1):
+            _wait_rows(out, step, proc, log)
+            os.kill(pids[name], signal.SIGKILL)
         assert proc.wait(400) == 0, log.read_text()[-4000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     text = log.read_text()
-    assert f"[job] {name} server (pid {pid}) exited" in text and f"{name} server back at" in text
+    for name, pid in pids.items():
+        assert f"[job] {name} server (pid {pid}) exited" in text and f"{name} server back at" in text
+    assert text.index("[job] starting reward server") < text.index("[job] retriever server up at")  # both launched first
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["groups"] == 2 for r in rows)
-    assert rows[-1][f"restarts_{name}"] >= 1
-    return rows
-
-
-def test_job_restarts_a_killed_reward_server_and_sends_the_api_key(ray_session, tmp_path):
-    rows = _survives(ray_session, tmp_path, "reward", ["-o", "rollout.rag=false"], {"ESCRAG_API_KEY": "job-secret"})
-    assert all(0.0 <= r["reward_mean"] <= 2.0 for r in rows)
-
-
-def test_job_restarts_a_killed_retriever(ray_session, tmp_path, esconv_index):
-    rows = _survives(ray_session, tmp_path, "retriever",
-                     ["-o", "rollout.rag=true", "-o", f"retriever.index_dir={esconv_index}", "-o", "retriever.k=2"], {})
-    assert all(0.0 <= r["stage1_format_mean"] <= 1.0 for r in rows)
+    assert rows[-1]["restarts_retriever"] >= 1 and rows[-1]["restarts_reward"] >= 1
+    assert all(0.0 <= r["reward_mean"] <= 2.0 and 0.0 <= r["stage1_format_mean"] <= 1.0 for r in rows)
     assert all(0.0 < r[k] <= r["gen_s"] for r in rows for k in ("stage1_s", "retrieve_s", "stage2_s", "reward_s"))
-    text = (tmp_path / "job.log").read_text()  # both servers launched before either is waited for
-    assert text.index("[job] starting reward server") < text.index("[job] retriever server up at")
 
 
 def test_job_stops_cleanly_when_a_given_service_stays_down(ray_session, tmp_path):
