@@ -77,9 +77,11 @@ async def _answer_todo(answer, todo: list, cache: JsonlCache, progress: Progress
 
 def generate(cfg: Config, systems: dict, states: list, services: sysmod.Services, cache: JsonlCache,
              log: CallLog) -> dict:
-    """Answer every (system, state) missing from the cache; returns {system: [failures]}."""
+    """Answer every (system, state) missing from the cache; returns {system: [failures]}. Systems one
+    counselor serves run one after another (``systems.by_counselor``), so it starts once."""
     failures: dict[str, list] = {}
-    for name, system in systems.items():
+    for name in sysmod.by_counselor(cfg, systems):
+        system = systems[name]
         ident = sysmod.identity(cfg, system)
         todo = []
         for s in states:
@@ -91,13 +93,14 @@ def generate(cfg: Config, systems: dict, states: list, services: sysmod.Services
         failures[name] = []
         if not todo:
             continue
-        with sysmod.open_system(system, cfg, services, log) as answer:
-            progress = Progress(len(todo), f"answers {name}", log)
-            try:
-                asyncio.run(_answer_todo(answer, todo, cache, progress, failures[name]))
-            finally:
-                progress.close()
-    return failures
+        answer = sysmod.open_system(system, cfg, services, log)
+        progress = Progress(len(todo), f"answers {name}", log)
+        try:
+            asyncio.run(_answer_todo(answer, todo, cache, progress, failures[name]))
+        finally:
+            progress.close()
+    services.stop_counselor()  # the judge and the proxy's reward server come next
+    return {name: failures[name] for name in systems}
 
 
 def collect(cfg: Config, systems: dict, states: list, cache: JsonlCache) -> list[dict]:

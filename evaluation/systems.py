@@ -2,14 +2,14 @@
 
 Owns: ``validate`` (the eval config's cross-references), ``system_config`` (the project config a
 system's server runs with), ``identity`` / ``answer_key`` (the answer cache key), ``Services`` (the
-retriever and counselor servers a run starts and stops) and ``open_system`` (an async answer function
-per system).
+retriever and counselor servers a run starts and stops), ``counselor_args`` / ``by_counselor`` (which
+systems share a counselor) and ``open_system`` (an async answer function per system).
 
 Every system is an OpenAI-compatible chat endpoint:
 - a *policy* (model spec or folder, RAG on or off, k) is served by the project's own counselor API,
-  ``escrag serve counselor --policy SPEC (--retriever URL | --no-rag) -o retriever.k=K``, started
-  here as a child process (with ``escrag serve retriever --index DIR`` when a system needs RAG) and
-  stopped when its answers are in;
+  ``escrag serve counselor --policy SPEC (--retriever URL | --no-rag)``, started here as a child
+  process (with ``escrag serve retriever --index DIR`` when a system needs RAG); each request carries
+  the system's k (``retrieval_k``), so the systems of a k-sweep share one counselor (``Services``);
 - an *endpoint* without RAG is called directly with the stage-1 prompt through the shared two-stage
   path (``rollout.episode.answer`` with ``rag=False``);
 - an *endpoint* with RAG goes through the counselor API's ``--endpoint`` mode, so the two stages and
@@ -20,7 +20,6 @@ from ``run.seed`` and the state id: every system sees the same seed for a state.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -156,11 +155,14 @@ def index_dir(cfg: Config) -> Path:
 
 
 class Services:
-    """The servers one evaluation run starts (a shared retriever, one counselor at a time)."""
+    """The servers one evaluation run starts: a shared retriever, and one counselor at a time, kept up
+    for the next system that would start the same one (``counselor_args``: a k-sweep's systems differ
+    only in k, which each request sends as ``retrieval_k``), so a sweep loads its policy once."""
 
     def __init__(self, cfg: Config, config_file: Path, log_dir: Path, log=print):
         self.cfg, self.config_file, self.log_dir, self.log = cfg, config_file, log_dir, log
         self._retriever: ServerProcess | None = None
+        self._counselor: tuple[list[str], ServerProcess] | None = None  # its arguments, the server
 
     def retriever_url(self) -> str:
         if self.cfg.retriever.url:
@@ -177,24 +179,56 @@ class Services:
         except RuntimeError as exc:  # it exited or never became healthy; the message ends with its log
             raise ServiceError(f"escrag serve {' '.join(args)} did not start: {exc}") from None
 
-    @contextlib.contextmanager
-    def counselor(self, system: EvalSystemConfig, args: list[str]):
-        extra = [a for o in system.overrides for a in ("-o", o)]
-        if system.k is not None:
-            extra += ["-o", f"retriever.k={system.k}"]
-        rag = ["--retriever", self.retriever_url()] if system.rag else ["--no-rag"]
-        args = ["counselor", *args, *rag, "--config", str(self.config_file), *extra]
-        self.log(f"[eval] {system.name}: starting escrag serve {' '.join(args)}")
-        server = self._start(f"counselor-{system.name}", args)
-        try:
-            yield server.url
-        finally:
-            server.stop()
+    def counselor(self, system: EvalSystemConfig) -> str:
+        """The URL of a counselor for ``system``: the running one if it was started with the same
+        ``counselor_args``, else a new one (the running one is stopped first)."""
+        args = counselor_args(self.cfg, system)
+        if self._counselor is not None and self._counselor[0] == args:
+            self.log(f"[eval] {system.name}: the running counselor serves it (k per request)")
+            return self._counselor[1].url
+        self.stop_counselor()
+        rag = ["--retriever", self.retriever_url()] if system.rag else []
+        full = ["counselor", *args, *rag, "--config", str(self.config_file)]
+        self.log(f"[eval] {system.name}: starting escrag serve {' '.join(full)}")
+        self._counselor = (args, self._start(f"counselor-{system.name}", full))
+        return self._counselor[1].url
+
+    def stop_counselor(self) -> None:
+        if self._counselor is not None:
+            self._counselor[1].stop()
+            self._counselor = None
 
     def close(self) -> None:
+        self.stop_counselor()
         if self._retriever is not None:
             self._retriever.stop()
             self._retriever = None
+
+
+def counselor_args(cfg: Config, system: EvalSystemConfig) -> list[str] | None:
+    """What starts ``system``'s counselor (its policy or endpoint, RAG or not, its overrides), without
+    its k, which goes with each request; None for an endpoint without RAG (called directly)."""
+    if system.policy is not None:
+        args = ["--policy", system.policy]
+    elif not system.rag:
+        return None
+    else:
+        ep = cfg.endpoints[system.endpoint]
+        args = ["--endpoint", ep.base_url, "--endpoint-model", ep.model]
+        args += ["--endpoint-key-env", ep.api_key_env] if ep.api_key_env else []
+        for key in ("max_concurrency", "requests_per_minute", "timeout_s", "retries", "backoff_s", "max_backoff_s"):
+            if getattr(ep, key) is not None:  # the counselor calls the endpoint within its limits
+                args += ["-o", f"counselor.endpoint.{key}={getattr(ep, key)}"]
+    return args + ([] if system.rag else ["--no-rag"]) + [a for o in system.overrides for a in ("-o", o)]
+
+
+def by_counselor(cfg: Config, systems: dict[str, EvalSystemConfig]) -> list[str]:
+    """The system names in config order, but each next to the earlier ones its counselor serves."""
+    keys = {n: str(counselor_args(cfg, s) or [n]) for n, s in systems.items()}  # [n]: called directly
+    first: dict[str, int] = {}
+    for i, name in enumerate(systems):
+        first.setdefault(keys[name], i)
+    return sorted(systems, key=lambda n: first[keys[n]])
 
 
 # ----------------------------------------------------------------------------- answering
@@ -223,31 +257,21 @@ def _counselor_client(system: EvalSystemConfig, url: str, cfg: Config, log: Call
     return ChatEndpoint(f"system:{system.name}", ep, log)
 
 
-@contextlib.contextmanager
 def open_system(system: EvalSystemConfig, cfg: Config, services: Services, log: CallLog):
-    """Yield ``answer(history, seed, state_id) -> awaitable answer record`` for ``system``; whatever
-    it started is stopped when the block ends."""
-    if system.policy is not None:
-        with services.counselor(system, ["--policy", system.policy]) as url:
-            yield _counselor_answer(_counselor_client(system, url, cfg, log), cfg, system)
-        return
-    ep = cfg.endpoints[system.endpoint]
-    if not system.rag:
-        yield _direct_answer(ChatEndpoint(f"system:{system.name}", ep, log), system_config(cfg, system), system)
-        return
-    args = ["--endpoint", ep.base_url, "--endpoint-model", ep.model]
-    args += ["--endpoint-key-env", ep.api_key_env] if ep.api_key_env else []
-    for key in ("max_concurrency", "requests_per_minute", "timeout_s", "retries", "backoff_s", "max_backoff_s"):
-        if getattr(ep, key) is not None:  # the counselor calls the endpoint within its limits
-            args += ["-o", f"counselor.endpoint.{key}={getattr(ep, key)}"]
-    with services.counselor(system, args) as url:
-        yield _counselor_answer(_counselor_client(system, url, cfg, log, prices=ep), cfg, system)
+    """``answer(history, seed, state_id) -> awaitable answer record`` for ``system``; a counselor it
+    needs is ``services``' (``Services.counselor``), stopped by them."""
+    if counselor_args(cfg, system) is None:
+        return _direct_answer(ChatEndpoint(f"system:{system.name}", cfg.endpoints[system.endpoint], log),
+                              system_config(cfg, system), system)
+    prices = cfg.endpoints[system.endpoint] if system.endpoint is not None else None
+    client = _counselor_client(system, services.counselor(system), cfg, log, prices)
+    return _counselor_answer(client, cfg, system)
 
 
 def _counselor_answer(client: ChatEndpoint, cfg: Config, system: EvalSystemConfig):
     async def answer(history: list[dict], seed: int, sid: str) -> dict:
         res = await client.chat(history, temperature=cfg.eval.temperature, seed=seed,
-                                tag=f"answer:{system.name}:{sid}")
+                                tag=f"answer:{system.name}:{sid}", retrieval_k=system.k if system.rag else None)
         return _from_counselor(res)
     return answer
 

@@ -23,6 +23,7 @@ import pytest
 
 from escrag.config import load_config
 from escrag.data import load_states
+from escrag.errors import UserError
 from escrag.web.procs import ServerProcess
 
 ARGS = ["-o", "rollout.max_new_tokens_stage1=8", "-o", "rollout.max_new_tokens_stage2=12",
@@ -96,6 +97,20 @@ def test_bad_requests_get_422_with_detail(client):
     with pytest.raises(openai.UnprocessableEntityError) as err:
         client.chat.completions.create(model="c", messages=MESSAGES, n=2)
     assert "n=1" in err.value.response.json()["detail"]
+
+
+def test_retrieval_k_per_request(client):
+    """``retrieval_k`` (ours) sets a request's exemplar count over the server's ``retriever.k`` (2 here):
+    the same seeded stage 1 retrieves the same best exemplars first; out of 1..50 it is a 422."""
+    def exemplars(**extra):
+        resp = client.chat.completions.create(model="c", messages=MESSAGES, seed=5, temperature=1.0, **extra)
+        return [e["id"] for e in resp.model_extra["escrag"]["exemplars"]]
+
+    two, three, one = exemplars(), exemplars(extra_body={"retrieval_k": 3}), exemplars(extra_body={"retrieval_k": 1})
+    assert len(two) == 2 and len(three) == 3 and three[:2] == two and one == two[:1]
+    for bad in (0, 51, "x"):
+        with pytest.raises(openai.UnprocessableEntityError):
+            exemplars(extra_body={"retrieval_k": bad})
 
 
 def test_no_retriever_is_a_cli_error(tiny_model):
@@ -245,6 +260,9 @@ def test_safety_comes_first_and_no_model_text_leaks(safety_cache):
         assert llm.calls["driving"] == 1 and bad.escrag.risk == "high" and "crisis line" in bad.text
         assert "pills" not in bad.model_dump_json() and "secret plan" not in bad.model_dump_json()
         assert "withheld" in bad.escrag.reasons[0]
+        no_rag = ChatCompletionRequest(model="gpt-x", messages=[{"role": "user", "content": "hi"}], retrieval_k=2)
+        with pytest.raises(UserError, match="retrieval_k: this counselor answers without retrieval"):
+            asyncio.run(service.respond(no_rag))  # a 400 over HTTP (escrag.web.serving)
 
 
 def _post(base, body, stream=False):

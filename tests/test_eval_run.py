@@ -26,7 +26,7 @@ from escrag.prompts import COUNSELOR_ROLE, FEEDBACK_INSTRUCTION
 from escrag.seeds import derive_seed
 from evaluation.run import run_eval
 from evaluation.states import sample_states
-from evaluation.systems import validate
+from evaluation.systems import by_counselor, counselor_args, validate
 
 SYSTEMS = [{"name": f"rag{k}", "label": f"tiny k={k}", "policy": "tiny-random:qwen2", "rag": True, "k": k}
            for k in (2, 3, 4)] + [{"name": "api", "label": "API model", "endpoint": "api"},
@@ -82,6 +82,21 @@ def test_config_checks_name_the_key(tmp_path, systems, extra, needle):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert needle in str(err.value)
+
+
+def test_systems_one_counselor_serves_run_one_after_another():
+    """A k-sweep's systems share a counselor (same policy, RAG and overrides; k goes with each request),
+    wherever they stand in the config; a system with other overrides or without RAG needs its own."""
+    systems = [{"name": "a2", "policy": "p", "rag": True, "k": 2}, {"name": "api", "endpoint": "e"},
+               {"name": "a4", "policy": "p", "rag": True, "k": 4}, {"name": "b", "policy": "p"},
+               {"name": "a3", "policy": "p", "rag": True}, {"name": "hot", "policy": "p", "rag": True, "k": 2,
+                                                           "overrides": ["rollout.temperature=1.2"]}]
+    cfg = load_config(None, [f"eval.systems={json.dumps(systems)}",
+                             'endpoints={"e": {"base_url": "http://127.0.0.1:9", "model": "m"}}'])
+    named = {s.name: s for s in cfg.eval.systems}
+    assert by_counselor(cfg, named) == ["a2", "a4", "a3", "api", "b", "hot"]
+    assert counselor_args(cfg, named["api"]) is None and counselor_args(cfg, named["a2"]) == ["--policy", "p"]
+    assert counselor_args(cfg, named["b"]) == ["--policy", "p", "--no-rag"]
 
 
 def test_train_and_valid_are_refused(tmp_path):
@@ -157,6 +172,9 @@ def test_rag_systems_k_sweep_tables_and_cache(tmp_path, index):
         delta = float(rows["rag4"]["Avg"]) - float(rows["rag2"]["Avg"])
         assert f"| {delta:+.2f} |" in k4
         assert (run / "figure3.png").read_bytes()[:4] == b"\x89PNG"
+        # one counselor for the k-sweep's three systems (k per request), one for the endpoint with RAG
+        assert sorted(p.name for p in (run / "logs").glob("counselor-*.log")) == ["counselor-api-rag.log",
+                                                                                "counselor-rag2.log"]
         assert summary["outputs"] == ["per_state.jsonl", "table1.md", "table1.csv", "table2.md", "table2.csv",
                                       "figure3.png", "proxy.md", "proxy.csv"]
 

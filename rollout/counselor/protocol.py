@@ -45,6 +45,9 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     n: int = 1
     stream: bool = False
+    # ours, not OpenAI's: exemplars retrieved for this request (None: the server's retriever.k), so one
+    # server answers a k-sweep (evaluation/systems.py); 400 on a server without retrieval
+    retrieval_k: int | None = Field(None, ge=1, le=50)
 
     @field_validator("n")
     @classmethod

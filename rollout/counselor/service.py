@@ -84,9 +84,11 @@ class CounselorService:
             return self._safety_answer(risk, {})
         if too_long:
             raise UserError(too_long)
+        if req.retrieval_k is not None and self.retriever is None:
+            raise UserError("retrieval_k: this counselor answers without retrieval (--no-rag)")
         usage: dict = {}
         ans = await answer(history, self._chat(req, usage), self.retriever, self.cfg,
-                           rag=self.retriever is not None, seed=req.seed)
+                           rag=self.retriever is not None, k=req.retrieval_k, seed=req.seed)
         after = await self.assess(with_answer(history, ans["response"]))
         if after.level == "high":
             return self._safety_answer(after, usage, "the model's reply read as high risk and was withheld")
