@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed
 OPENRLHF := $(shell grep -o 'openrlhf\[vllm\]==[0-9.]*' pyproject.toml | sed 's/\[vllm\]//')
 # pip on this kind of machine warns about absent local indexes on every package; hide only that line.
 PIPQUIET := grep -v "is ignored: it is neither a file nor a directory" || true
+FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+UV = $(PY) -m uv pip install -q --python $(PY) --compile-bytecode $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 
 export RAY_USAGE_STATS_ENABLED := 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
@@ -21,14 +23,16 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV)"; python3 -m venv $(VENV); }
 	@echo "installing escrag-r1 into $(VENV) (first time: a few minutes)"
-	@$(PY) -m pip install -q --upgrade pip 2>&1 | $(PIPQUIET)
-	@# the CPU wheel of torch; a looser pin would pull a multi-GB CUDA build
-	@$(PY) -m pip install -q torch==2.13.0 2>&1 | $(PIPQUIET)
-	@$(PY) -m pip install -q -e '.[dev]' 2>&1 | $(PIPQUIET)
+	@# uv installs the same pins as pip in a third of the time (a fresh clone here: 53 s against 141 s);
+	@# it reads neither pip's config nor $$PIP_FIND_LINKS, hence --find-links (where this machine keeps
+	@# the CPU wheel of torch: torch==2.13.0 elsewhere on PyPI is a multi-GB CUDA build); bytecode is
+	@# compiled at install, as pip does, so that no process compiles it at import
+	@$(PY) -m pip install -q uv 2>&1 | $(PIPQUIET)
+	@$(UV) torch==2.13.0 -e '.[dev]'
 	@# OpenRLHF without its dependencies (they pull CUDA builds): its agent executor, parser source and
 	@# loss run on CPU for tests/test_openrlhf_*.py; the version is the `cluster` extra's pin
-	@$(PY) -m pip install -q --no-deps $(OPENRLHF) 2>&1 | $(PIPQUIET)
-	@$(PY) -m pip install -q pylatexenc aiohttp torch==2.13.0 2>&1 | grep -v -e "^openrlhf " -e "dependency resolver" | $(PIPQUIET)
+	@$(UV) --no-deps $(OPENRLHF)
+	@$(UV) pylatexenc aiohttp torch==2.13.0
 	@touch $(STAMP)
 
 demo: install
