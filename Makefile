@@ -9,7 +9,7 @@ OPENRLHF := $(shell grep -o 'openrlhf\[vllm\]==[0-9.]*' pyproject.toml | sed 's/
 # pip on this kind of machine warns about absent local indexes on every package; hide only that line.
 PIPQUIET := grep -v "is ignored: it is neither a file nor a directory" || true
 FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
-UV = $(PY) -m uv pip install -q --python $(PY) --compile-bytecode $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
+UV = $(PY) -m uv pip install -q --python $(PY) --compile-bytecode $(foreach f,$(FIND_LINKS),--find-links $(f))
 
 export RAY_USAGE_STATS_ENABLED := 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
