@@ -108,6 +108,8 @@ def load_embedder(spec: str, device: str = "cpu") -> Embedder:
         layout = read_layout(Path(path), spec)
         tok = AutoTokenizer.from_pretrained(layout["model"])
         model = AutoModel.from_pretrained(layout["model"], dtype=torch.float32).eval().to(resolve_device(device))
+    except ModelSpecError:
+        raise
     except (OSError, ValueError, KeyError) as exc:
         raise ModelSpecError(f"{spec}: cannot load as a sentence embedder ({exc})") from None
     return Embedder(spec, tok, model, layout)

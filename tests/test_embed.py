@@ -1,7 +1,8 @@
 """escrag/embed.py reads sentence-transformers folders with transformers alone: its rows equal
 sentence-transformers' own (the reference, a dev dependency only) for the packaged all-MiniLM-L6-v2
 (mean pooling, 256 tokens, the layout of sentence-transformers 2) and for a tiny random BERT saved by
-sentence-transformers 6 with CLS pooling and 16 tokens; a folder it cannot reproduce is a clear error, not different vectors.
+sentence-transformers 6 with CLS pooling and 16 tokens; a folder it cannot reproduce is a clear error
+that names what is wrong, not different vectors.
 Run: .venv/bin/python -m pytest -q tests/test_embed.py"""
 
 import json
@@ -78,7 +79,8 @@ def test_a_folder_it_cannot_reproduce_is_an_error(tiny_cls, tmp_path):
         edit(modules, pool)
         (folder / "modules.json").write_text(json.dumps(modules))
         pool_cfg.write_text(json.dumps(pool))
-        with pytest.raises(ModelSpecError, match=match):
+        with pytest.raises(ModelSpecError, match=match) as err:
             load_embedder(str(folder))
+        assert "cannot load" not in str(err.value)  # the layout's own message, not wrapped
     with pytest.raises(ModelSpecError, match="cannot load"):
         load_embedder(str(tmp_path / "max" / "1_Pooling"))  # a folder with no model in it
