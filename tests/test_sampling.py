@@ -1,8 +1,9 @@
 """``escrag.sampling.sample`` against the rule its module states, computed the plain way (a full sort of
 the vocabulary in float64, the same counter-based noise): on rows whose nucleus is small (a trained
-model's), nearly the whole vocabulary (a random model's) and half of it, every seeded draw is the
-reference's token; a row draws the same token in any batch; top-k and top-p 1 too. A token top-p cuts
-is never drawn, also where its noise is the largest the hash makes.
+model's), nearly the whole vocabulary (a random model's), half of it, reaches far below the best
+token, or where the probe of how many tokens lie near the best misjudges the row, every seeded draw is
+the reference's token and its log-prob is ``token_logprobs``' bit for bit; a row draws the same token in
+any batch; top-k and top-p 1 too. A token top-p cuts is never drawn, also where its noise is the largest the hash makes.
 
 Run: .venv/bin/python -m pytest -q tests/test_sampling.py"""
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from escrag import sampling
-from escrag.sampling import sample, uniforms
+from escrag.sampling import WIDE, sample, token_logprobs, uniforms
 
 VOCAB = 49152  # SmolLM2's
 
@@ -38,29 +39,39 @@ def rows() -> dict[str, torch.Tensor]:
         x[torch.randperm(VOCAB, generator=g)[:n]] = 0.0
         return x + torch.randn(VOCAB, generator=g) * 0.02
 
+    flat = torch.randn(VOCAB, generator=g) * 0.02
     return {"peaked": torch.randn(VOCAB, generator=g) * 4,  # nucleus of ~120 tokens
             "wide": plateau(1000, -8.0),  # ~950
-            "flat": torch.randn(VOCAB, generator=g) * 0.02,  # ~95% of the vocabulary (a random model: ~93%)
-            "half": plateau(20000, -5.0)}  # ~19,000
+            "flat": flat,  # ~95% of the vocabulary (a random model: ~93%)
+            "half": plateau(20000, -5.0),  # ~19,000
+            "far": plateau(1, -10.5),  # the best token and ~40,000 of those 10.5 below it
+            # every STRIDE-th token low: the probe finds few tokens near the best, where nearly all are
+            "misjudged": flat.index_fill(0, torch.arange(0, VOCAB, sampling.STRIDE), -20.0)}
 
 
 def test_each_kind_of_row_takes_its_path():
     kinds = rows()
     batch = torch.stack(list(kinds.values())) / 0.9
-    groups = [(r.tolist(), idx.shape[-1]) for r, _, idx in sampling._candidates(batch, 0.95, 0) if len(r)]
-    # the 256 best tokens, the 4,096 best, all but some of the worst, a sort
-    assert groups == [([0], 256), ([1], 4096), ([2], VOCAB), ([3], VOCAB)] and sampling.HEADS == (256, 4096)
+    paths = {}
+    for r, _, idx in sampling._candidates(batch, batch.log_softmax(dim=-1), 0.95, 0):
+        for row, cols in zip(r.tolist(), idx):
+            paths[row] = len(cols) if len(cols) < VOCAB else "vocab" if torch.equal(cols, torch.arange(VOCAB)) else "sort"
+    # the tokens within 10 nats of the best; within 5 (the plateau); all but some of the worst (also
+    # where the probe misjudged the row); a sort where the worst eighth falls short (also where the
+    # nucleus reaches past 10 nats)
+    assert paths[0] <= WIDE and paths[1] == 1000 and paths[2] == paths[5] == "vocab"
+    assert paths[3] == paths[4] == "sort" and sorted(paths) == list(range(len(kinds)))
 
 
-@pytest.mark.parametrize("kind", ["peaked", "wide", "flat", "half"])
+@pytest.mark.parametrize("kind", ["peaked", "wide", "flat", "half", "far", "misjudged"])
 def test_draws_equal_the_full_sort_rule(kind):
     n = 400
     logits = rows()[kind].expand(n, -1)
     seeds, steps = torch.arange(n) * 7919, torch.arange(n) % 5
     got, logprobs = sample(logits, 0.9, 0.95, 0, seeds, steps)
     assert torch.equal(got, reference(logits, 0.9, 0.95, 0, seeds, steps))
-    assert len(set(got.tolist())) > (1 if kind == "peaked" else n // 2)  # the noise does vary
-    assert torch.allclose(logprobs, (logits / 0.9).log_softmax(-1).gather(-1, got[:, None]).squeeze(-1))
+    assert len(set(got.tolist())) > {"peaked": 1, "far": n // 8}.get(kind, n // 2)  # the noise does vary
+    assert torch.equal(logprobs, token_logprobs(logits, got, 0.9))  # what the engines record
 
 
 @pytest.mark.parametrize("top_p,top_k", [(1.0, 0), (0.9, 10), (1.0, 50)])
