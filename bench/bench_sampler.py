@@ -4,8 +4,9 @@ vs HF ``generate``'s warpers (temperature, top-p by a full sort, softmax, multin
 same logits, one thread.
 
 Logits: the next-token logits of SmolLM2-135M-Instruct after the stage-1 prompts of the first ESConv
-valid states (a trained model: its nucleus is small), and of the tests' tiny random Qwen2 (flat: top-p
-keeps ~95% of the 49,152 tokens). Batch 1, 8 and 32 rows; median of ``--repeat`` after a warm-up.
+valid states (a trained model: its nucleus is small; a reply's first token has a wider one than the
+tokens after it: also after 8 greedy tokens), and of the tests' tiny random Qwen2 (flat: top-p keeps
+~95% of the 49,152 tokens). Batch 1, 8 and 32 rows; median of ``--repeat`` after a warm-up.
 Also: how many of ours drew the full sort's token (the rule is the same; they may differ only where
 rounding moves a token across the top-p boundary). Writes ``bench/results/sampler.json``.
 
@@ -52,12 +53,18 @@ def hf_warpers():
     return draw
 
 
-def next_logits(spec: str, n: int) -> torch.Tensor:
+def next_logits(spec: str, n: int, after: int = 0) -> torch.Tensor:
+    """The next-token logits after the stage-1 prompts of the first ``n`` ESConv valid states, and after
+    ``after`` greedy tokens past them (a decode step's distribution rather than a reply's first token's)."""
     from escrag.models import load_causal_lm, load_tokenizer
 
     tok, lm = load_tokenizer(spec), load_causal_lm(spec, "float32").eval()
     with torch.inference_mode():
-        return torch.stack([lm(torch.tensor([ids])).logits[0, -1] for ids in prompts(tok, n)])
+        if not after:
+            return torch.stack([lm(torch.tensor([ids])).logits[0, -1] for ids in prompts(tok, n)])
+        return torch.stack([lm.generate(torch.tensor([ids]), max_new_tokens=after + 1, do_sample=False, output_logits=True,
+                                        return_dict_in_generate=True, pad_token_id=tok.eos_token_id).logits[after][0]
+                            for ids in prompts(tok, n)])
 
 
 def main(argv=None) -> int:
@@ -67,6 +74,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     sources = {"SmolLM2-135M": next_logits("packaged:smollm2-135m-instruct", 32),
+               "SmolLM2, 8 tokens in": next_logits("packaged:smollm2-135m-instruct", 32, after=8),
                "tiny random Qwen2": next_logits("tiny-random:qwen2", 32)}
     variants = {"ours": lambda x, s, t: sample(x, T, TOP_P, 0, s, t)[0], "full sort": full_sort, "HF warpers": hf_warpers()}
     rows = []
