@@ -19,8 +19,10 @@ sampling distribution is slightly sharper than the one the ratio assumes, as in 
 
 Speed. The rule is a full sort's, but sorting 49,152 logits takes ~5 ms a row on one core, more than
 a small model's decode step: without top-k, ``_candidates`` looks for a row's nucleus among the tokens
-within ``GAPS`` nats of its best (a trained model's: a few hundred), then among its worst (a flat row),
-and sorts only a row that is neither (docs/rollout.md). One log-softmax serves the draw and the
+within ``GAPS`` nats of its best (a trained model's: a few hundred). Any other row races its whole
+vocabulary first: the winner is the nucleus race's too unless top-p cuts it (about 1 - top-p of the
+time, as the race draws from the whole softmax); only then is the cut looked for among its worst
+tokens (a flat row), or the row sorted (docs/rollout.md). One log-softmax serves the draw and the
 drawn tokens' log-probs.
 
 Fixed here: the largest uniform the hash makes rounded to 1.0 in float32 (Gumbel noise +inf), which on
@@ -76,28 +78,49 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, s
     scaled = logits / temperature
     logp = scaled.log_softmax(dim=-1)
     tok = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for rows, cand, idx in _candidates(scaled, logp, top_p, top_k):
-        gumbel = -torch.log(-torch.log(uniforms(seeds[rows], steps[rows], idx)))
-        tok[rows] = idx.gather(-1, (cand + gumbel).argmax(dim=-1, keepdim=True)).squeeze(-1)
+    groups, wide = _candidates(scaled, logp, top_p, top_k)
+    if len(wide):  # the race over the whole row: its winner is in the nucleus with probability >= top-p
+        whole = logp[wide]
+        tok[wide] = won = _race(whole, None, seeds[wide], steps[wide])
+        cut = _outside_nucleus(whole, won, top_p)  # then the race among the nucleus has the same winner
+        if cut.any():
+            groups += _flat_or_sorted(whole[cut], wide[cut], top_p)
+    for rows, cand, idx in groups:
+        tok[rows] = _race(cand, idx, seeds[rows], steps[rows])
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def _candidates(scaled: torch.Tensor, logp: torch.Tensor, top_p: float, top_k: int) -> list[tuple]:
-    """[(rows, logp, idx)]: for those rows, candidate tokens [R, C] and their log-probs, -inf where top-p
-    cuts (or padding). Without top-k a full sort of the vocabulary (42 ms for 8 rows of 49,152 on one
-    core, most of a small model's decode step) is needed only for a row whose nucleus is neither among
-    at most ``WIDE`` tokens within ``GAPS`` of its best nor (``_flat_or_sorted``) all but part of its
-    worst; a row's path depends on its own logits only, so it draws the same token in any batch. Under
-    torch.compile every row is sorted (one graph)."""
+def _race(cand: torch.Tensor, idx: torch.Tensor | None, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """The Gumbel-max draw: for each row, the token ``idx`` [R, C] (None: the vocabulary in order) whose
+    log-prob ``cand`` plus noise is the largest (the first such)."""
+    if idx is None:
+        idx = torch.arange(cand.shape[-1], device=cand.device).expand_as(cand)
+    gumbel = -torch.log(-torch.log(uniforms(seeds, steps, idx)))
+    return idx.gather(-1, (cand + gumbel).argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
+def _outside_nucleus(logp: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[R] bool: whether top-p cuts each row's token, i.e. the tokens better than it hold ``top_p``."""
+    probs = logp.exp()  # then masked: exp of -inf is ~4x slower here than of a number
+    return probs.masked_fill_(logp <= logp.gather(-1, tokens[:, None]), 0.0).sum(dim=-1) >= top_p
+
+
+def _candidates(scaled: torch.Tensor, logp: torch.Tensor, top_p: float, top_k: int) -> tuple[list, torch.Tensor]:
+    """([(rows, logp, idx)], wide): for those rows, candidate tokens [R, C] and their log-probs, -inf where
+    top-p cuts (or padding); and the rows whose nucleus is not among at most ``WIDE`` tokens within
+    ``GAPS`` of their best (``sample`` races their whole vocabulary). A full sort of the vocabulary (42 ms
+    for 8 rows of 49,152 on one core, most of a small model's decode step) is needed only for a wide row
+    whose winner top-p cuts (``_flat_or_sorted``: ~5% of them, about 1 - top-p). A row's path depends on its own logits
+    only, so it draws the same token in any batch. Under torch.compile every row is sorted (one graph)."""
     vocab, every = scaled.shape[-1], torch.arange(scaled.shape[0], device=scaled.device)
     if 0 < top_k < vocab:
         vals, idx = scaled.topk(top_k, dim=-1)  # sorted, largest first
-        return [(every, _cut_below(vals.log_softmax(dim=-1), top_p)[0], idx)]
+        return [(every, _cut_below(vals.log_softmax(dim=-1), top_p)[0], idx)], every[:0]
     if top_p >= 1.0:
-        return [(every, logp, torch.arange(vocab, device=scaled.device).expand_as(logp))]
+        return [(every, logp, torch.arange(vocab, device=scaled.device).expand_as(logp))], every[:0]
     if torch.compiler.is_compiling():
         vals, idx = logp.sort(dim=-1, descending=True)
-        return [(every, _cut_below(vals, top_p)[0], idx)]
+        return [(every, _cut_below(vals, top_p)[0], idx)], every[:0]
     out, beyond, wide = [], [], every
     best, probe = logp.amax(dim=-1, keepdim=True), logp[:, ::STRIDE]
     for gap in GAPS:  # a row with more than WIDE tokens within a gap (by the probe's count) tries the next
@@ -113,8 +136,7 @@ def _candidates(scaled: torch.Tensor, logp: torch.Tensor, top_p: float, top_k: i
                 out.append((rows[reached], head[reached], idx[reached]))
                 beyond.append(rows[~reached])  # the nucleus reaches past the gap
         wide = wide[~few]
-    rest = torch.cat([*beyond, wide])
-    return out + (_flat_or_sorted(logp[rest], rest, top_p) if len(rest) else [])
+    return out, torch.cat([*beyond, wide])
 
 
 def _best_first(logp: torch.Tensor, mask: torch.Tensor, limit: int) -> tuple[torch.Tensor, ...]:
@@ -159,8 +181,9 @@ def _cut_below(logp: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Te
 
 
 def _flat_or_sorted(logp: torch.Tensor, rows: torch.Tensor, top_p: float) -> list[tuple]:
-    """Rows whose nucleus was not found near their best: top-p cuts only among the vocab / TAIL worst
-    where they hold more than 1 - top_p of the mass (a flat row), else the whole row is sorted."""
+    """Rows whose nucleus was not found near their best and whose whole-row winner top-p cuts: top-p cuts
+    only among the vocab / TAIL worst where they hold more than 1 - top_p of the mass (a flat row), else
+    the whole row is sorted."""
     low, low_idx = logp.topk(max(1, logp.shape[-1] // TAIL), dim=-1, largest=False)  # worst first
     probs = low.exp()
     above = logp.exp().sum(dim=-1, keepdim=True) - probs.cumsum(dim=-1)  # mass of the better tokens

@@ -52,15 +52,26 @@ def rows() -> dict[str, torch.Tensor]:
 def test_each_kind_of_row_takes_its_path():
     kinds = rows()
     batch = torch.stack(list(kinds.values())) / 0.9
-    paths = {}
-    for r, _, idx in sampling._candidates(batch, batch.log_softmax(dim=-1), 0.95, 0):
-        for row, cols in zip(r.tolist(), idx):
-            paths[row] = len(cols) if len(cols) < VOCAB else "vocab" if torch.equal(cols, torch.arange(VOCAB)) else "sort"
-    # the tokens within 10 nats of the best; within 5 (the plateau); all but some of the worst (also
-    # where the probe misjudged the row); a sort where the worst eighth falls short (also where the
-    # nucleus reaches past 10 nats)
-    assert paths[0] <= WIDE and paths[1] == 1000 and paths[2] == paths[5] == "vocab"
-    assert paths[3] == paths[4] == "sort" and sorted(paths) == list(range(len(kinds)))
+    groups, wide = sampling._candidates(batch, batch.log_softmax(dim=-1), 0.95, 0)
+    near = {row: len(cols) for r, _, idx in groups for row, cols in zip(r.tolist(), idx)}
+    # the tokens within 10 nats of the best; within 5 (the plateau); else the whole row races (also
+    # where the probe misjudged the row, or the nucleus reaches past 10 nats)
+    assert near[0] <= WIDE and near[1] == 1000 and sorted(near) == [0, 1]
+    assert sorted(wide.tolist()) == [2, 3, 4, 5]
+
+
+def test_a_wide_rows_winner_is_checked_against_its_nucleus():
+    """A wide row races its whole vocabulary: the winner is in the nucleus with probability >= top-p (the
+    race draws from the whole softmax); where top-p cuts it, the row is cut and raced again."""
+    n = 400
+    for kind in ("flat", "half"):
+        logp = (rows()[kind] / 0.9).log_softmax(dim=-1).expand(n, -1)
+        won = sampling._race(logp, None, torch.arange(n) * 7919, torch.arange(n) % 5)
+        vals, idx = logp[0].double().sort(descending=True)
+        nucleus = set(idx[vals.exp().cumsum(0) - vals.exp() < 0.95].tolist())
+        cut = sampling._outside_nucleus(logp, won, 0.95)
+        assert cut.tolist() == [int(w) not in nucleus for w in won]
+        assert 0 < int(cut.sum()) < n // 8  # ~5%: about 1 - top-p
 
 
 @pytest.mark.parametrize("kind", ["peaked", "wide", "flat", "half", "far", "misjudged"])
