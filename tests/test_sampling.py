@@ -3,7 +3,9 @@ the vocabulary in float64, the same counter-based noise): on rows whose nucleus 
 model's), nearly the whole vocabulary (a random model's), half of it, reaches far below the best
 token, or where the probe of how many tokens lie near the best misjudges the row, every seeded draw is
 the reference's token and its log-prob is ``token_logprobs``' bit for bit; a row draws the same token in
-any batch; top-k and top-p 1 too. A token top-p cuts is never drawn, also where its noise is the largest the hash makes.
+any batch; top-k and top-p 1 too. A wide row's whole-vocabulary winner is judged in or out of the
+nucleus as the reference's nucleus has it. A token top-p cuts is never drawn, also where its noise is
+the largest the hash makes.
 
 Run: .venv/bin/python -m pytest -q tests/test_sampling.py"""
 
