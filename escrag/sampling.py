@@ -110,8 +110,9 @@ def _candidates(scaled: torch.Tensor, logp: torch.Tensor, top_p: float, top_k: i
     top-p cuts (or padding); and the rows whose nucleus is not among at most ``WIDE`` tokens within
     ``GAPS`` of their best (``sample`` races their whole vocabulary). A full sort of the vocabulary (42 ms
     for 8 rows of 49,152 on one core, most of a small model's decode step) is needed only for a wide row
-    whose winner top-p cuts (``_flat_or_sorted``: ~5% of them, about 1 - top-p). A row's path depends on its own logits
-    only, so it draws the same token in any batch. Under torch.compile every row is sorted (one graph)."""
+    whose winner top-p cuts (``_flat_or_sorted``: ~5% of them, about 1 - top-p). A row's path depends on
+    its own logits only, so it draws the same token in any batch. Under torch.compile every row is
+    sorted (one graph)."""
     vocab, every = scaled.shape[-1], torch.arange(scaled.shape[0], device=scaled.device)
     if 0 < top_k < vocab:
         vals, idx = scaled.topk(top_k, dim=-1)  # sorted, largest first
