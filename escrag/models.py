@@ -230,3 +230,11 @@ def cpu_bf16_ready(model):
     from escrag.bf16cpu import emulate_bf16_linears
 
     return emulate_bf16_linears(model)
+
+
+def cache_kwarg(decoder) -> str:
+    """A transformers decoder's KV-cache argument (and output) name: ``cache`` from transformers 5.2x,
+    ``past_key_values`` before (the GPU check's 5.17)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else "past_key_values"

@@ -408,6 +408,30 @@ def test_a_turn_is_read_for_denial_once_not_once_a_sentence(monkeypatch):
     assert all("denial" in caps for _, _, caps in sentences)  # every sentence of a denying turn is capped
 
 
+def test_backbone_shares_the_reads_of_one_conversation():
+    """The reads the crisis check makes of a GRPO group (each prefix ending at a client turn, then the
+    history with each sample's answer) run on the longest one's cached K/V past the tokens they share:
+    the states each read gets alone (float32, within rounding) for fewer tokens through the layers. A
+    render cut to MAX_CHARS starts elsewhere and runs alone, as before."""
+    from escrag.safety.backbone import MAX_CHARS, Backbone, render
+
+    history = _user("I lost my job last week and I keep going over what I did wrong, every single night.",
+                    "That sounds exhausting. What goes through your mind at night?",
+                    "That I let my family down, and that nobody would miss me much.")
+    convs = [history + [{"role": "assistant", "content": f"I'm really glad you told me. {'Tell me more. ' * k}"}]
+             for k in range(4)]
+    long = _user(" ".join(f"w{i}" for i in range(MAX_CHARS // 4)))
+    reads = [history[:1], history] + convs + [long + _user("", "ok")[1:], long + _user("", "no, not that")[1:]]
+    assert len({render(r)[:40] for r in reads}) == 3  # the two long ones are cut: each begins elsewhere
+    plain, shared = (Backbone("tiny-random:llama", [1, 2], batch=4, dtype="float32", share=s) for s in (False, True))
+    alone = np.stack([plain.features([r])[0] for r in reads])
+    np.testing.assert_allclose(shared.features(reads), alone, rtol=1e-5, atol=1e-5)
+    lengths = [len(t) for t in shared.tok([render(r) for r in reads[:6]])["input_ids"]]
+    shared.tokens_read = plain.tokens_read = 0
+    shared.features(reads[:6]), plain.features(reads[:6])
+    assert plain.tokens_read >= sum(lengths) > 2 * shared.tokens_read  # the history's tokens ran once, not 6 times
+
+
 def test_backbone_features_do_not_depend_on_the_batch():
     """A conversation's features are the same alone and padded in a batch of longer ones (right
     padding, pooled over its own tokens only)."""

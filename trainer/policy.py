@@ -17,7 +17,6 @@ once, when exported; a saved model folder is float32.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 
 from escrag.atomic import atomic_dir
 from escrag.config import PolicyConfig
-from escrag.models import load_causal_lm, load_tokenizer, resolve_device, torch_dtype
+from escrag.models import cache_kwarg, load_causal_lm, load_tokenizer, resolve_device, torch_dtype
 from escrag.sampling import token_logprobs
 
 PEFT_PREFIX = "base_model.model."
@@ -213,12 +212,6 @@ def tail_logprobs(model, seqs: list[list[int]], mask: torch.Tensor, pad_id: int,
                    temperature)
 
 
-def _cache_kwarg(decoder) -> str:
-    """The KV cache's argument (and output) name: ``cache`` from transformers 5.2x, ``past_key_values``
-    before (the GPU check's 5.17)."""
-    return "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else "past_key_values"
-
-
 def shared_prefix(seqs: list[list[int]], first_trained: list[int]) -> int:
     """Tokens every sequence starts with, up to the one before the earliest trained token (whose
     position predicts it): what ``tail_logprobs`` may run once for a group. 0 when one sequence only."""
@@ -241,7 +234,7 @@ def prefix_tail_logprobs(model, seqs: list[list[int]], mask: torch.Tensor, share
     (a recomputed layer would append to the cache twice)."""
     device = next(model.parameters()).device
     decoder, head = _decoder_and_head(model)
-    kw = _cache_kwarg(decoder)
+    kw = cache_kwarg(decoder)
     cache = getattr(decoder(input_ids=torch.tensor([seqs[0][:shared]], device=device), use_cache=True), kw)
     cache.batch_repeat_interleave(len(seqs))
     rests = [s[shared:] for s in seqs]

@@ -9,6 +9,7 @@ QUESTION = ("\n\nQuestion: Is anyone in this conversation in immediate danger of
             "violence, abuse or a medical emergency? Answer:")
 MAX_CHARS = 2000  # the conversation's last characters that are read (the question is always whole)
 PAD_SHARE = 0.1  # on a CPU, the most padding a batch may add to its real length (characters)
+MIN_SHARED = 32  # on a CPU, reads whose first tokens agree this far run on the longest one's cached K/V
 
 
 def render(history: list[dict]) -> str:
@@ -40,9 +41,19 @@ class Backbone:
     ends where its padding would pass ``PAD_SHARE``: padding costs as much as real tokens there, and
     renders run 30-520 tokens. Measured (SmolLM2, bfloat16, 2 cores): 8 ESConv histories, padded
     together, 2.1 s, alone 1.4 s; but 275 one- or two-turn safety cases alone 17.6 s against 6.6 s
-    batched (per-call cost dominates short inputs)."""
+    batched (per-call cost dominates short inputs).
 
-    def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu", dtype: str = "bfloat16"):
+    Shared starts (CPU, ``share``): the reads of one conversation (``RiskClassifier`` reads every prefix
+    ending at a client turn, and a GRPO group's samples add their answers to one history) mostly begin
+    with the same tokens. Renders whose first ``MIN_SHARED`` token ids are equal form a family: the
+    longest runs once with a KV cache, and each other one runs only its tokens past the longest common
+    start on that cache, cut back to it; its pooled states are the cached start's (a prefix sum) plus its
+    tail's. Causal attention makes them the same states as its own pass up to summation order (tests:
+    ``test_backbone_shares_the_reads_of_one_conversation``). Renders cut to ``MAX_CHARS`` begin elsewhere
+    and run as before. ``tokens_read`` counts the tokens run through the layers."""
+
+    def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu", dtype: str = "bfloat16",
+                 share: bool = True):
         import torch
 
         from escrag.models import load_causal_lm, load_tokenizer, resolve_device
@@ -63,6 +74,7 @@ class Backbone:
         self.lm.model.layers = self.lm.model.layers[:keep]
         self.lm.config.num_hidden_layers = keep
         self.spec, self.layers, self.batch, self._torch = spec, list(layers), batch, torch
+        self.share, self.tokens_read = share and self.device == "cpu", 0
 
     def features(self, histories: list[list[dict]], progress: str | None = None) -> np.ndarray:
         """``progress``: a progress bar with this label (for long passes)."""
@@ -70,11 +82,66 @@ class Backbone:
 
         texts = [render(h) for h in histories]
         out = [None] * len(texts)
-        for idx in tqdm(self._batches([len(t) for t in texts]), desc=progress, unit="batch",
-                        disable=progress is None):
+        families = self._families(self.tok(texts)["input_ids"]) if self.share else []
+        for ids, idx in tqdm(families, desc=progress, unit="family", disable=progress is None):
+            for i, row in zip(idx, self._shared_forward(ids)):
+                out[i] = row
+        alone = [i for i, row in enumerate(out) if row is None]
+        for batch in tqdm(self._batches([len(texts[i]) for i in alone]), desc=progress, unit="batch",
+                          disable=progress is None):
+            idx = [alone[b] for b in batch]
             for i, row in zip(idx, self._forward([texts[i] for i in idx])):
                 out[i] = row
         return np.stack(out) if out else np.zeros((0, len(self.layers) * self.lm.config.hidden_size), np.float32)
+
+    @staticmethod
+    def _families(ids: list[list[int]]) -> list[tuple[list[list[int]], list[int]]]:
+        """(token ids, indices) of each family of two or more renders whose first ``MIN_SHARED`` ids
+        agree, the longest first."""
+        groups: dict[tuple, list[int]] = {}
+        for i, t in enumerate(ids):
+            if len(t) > MIN_SHARED:
+                groups.setdefault(tuple(t[:MIN_SHARED]), []).append(i)
+        families = []
+        for idx in groups.values():
+            if len(idx) > 1:
+                idx = sorted(idx, key=lambda i: -len(ids[i]))
+                families.append(([ids[i] for i in idx], idx))
+        return families
+
+    def _shared_forward(self, ids: list[list[int]]) -> np.ndarray:
+        """Pooled states of a family (``ids``: the longest first): the longest with a KV cache, then each
+        other one's tail past its common start with the longest, on the cache cut back to that start."""
+        torch = self._torch
+        from escrag.models import cache_kwarg
+
+        decoder, kw = self.lm.model, cache_kwarg(self.lm.model)
+        base = ids[0]
+        tails = []
+        for i, t in enumerate(ids[1:], 1):
+            common = next((j for j, (a, b) in enumerate(zip(base, t)) if a != b), min(len(base), len(t)))
+            tails.append((min(common, len(t) - 1), i))  # at least one token of its own
+        rows = [None] * len(ids)
+        with torch.inference_mode(), torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16,
+                                                     enabled=self.dtype == "bfloat16"):
+            first = decoder(input_ids=torch.tensor([base], device=self.device), use_cache=True,
+                            output_hidden_states=True)
+            cache = getattr(first, kw)
+            sums = [first.hidden_states[k][0].float().cumsum(0) for k in self.layers]  # prefix sums over tokens
+            rows[0] = torch.cat([s[-1] for s in sums]) / len(base)
+            length = len(base)
+            for start, i in sorted(tails, reverse=True):  # longest common start first: the cache only shrinks
+                cache.crop(start - length)  # negative: tokens to drop (transformers 5.2x; before, a length from the end)
+                tail = ids[i][start:]
+                pos = torch.arange(start, start + len(tail), device=self.device).unsqueeze(0)
+                hs = decoder(input_ids=torch.tensor([tail], device=self.device), position_ids=pos, use_cache=True,
+                             output_hidden_states=True, **{kw: cache}).hidden_states
+                length = start + len(tail)
+                rows[i] = torch.cat([s[start - 1] + hs[k][0].float().sum(0) for s, k in zip(sums, self.layers)])
+                rows[i] /= len(ids[i])
+                self.tokens_read += len(tail)
+        self.tokens_read += len(base)
+        return torch.stack(rows).cpu().numpy()
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
         """Indices in batches of similar length (sorted, at most ``batch``); on a CPU a batch also
@@ -94,6 +161,7 @@ class Backbone:
     def _forward(self, texts: list[str]) -> np.ndarray:
         torch = self._torch
         enc = self.tok(texts, return_tensors="pt", padding=True).to(self.device)
+        self.tokens_read += enc.input_ids.numel()
         with torch.inference_mode(), torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16,
                                                      enabled=self.dtype == "bfloat16"):
             hs = self.lm.model(**enc, output_hidden_states=True).hidden_states
