@@ -33,13 +33,14 @@ sys.path.insert(0, str(ROOT))
 from escrag.atomic import write_json  # noqa: E402
 from escrag.config import load_config  # noqa: E402
 from escrag.safety.backbone import Backbone, conv_dtype, render  # noqa: E402
+from escrag.safety.classifier import conversation_reads  # noqa: E402
 
 
 def reads_of(conversations: list[list[dict]]) -> list[list[dict]]:
-    """The distinct reads ``RiskClassifier._conv_probs`` makes of these conversations."""
+    """The distinct reads ``RiskClassifier`` makes of these conversations."""
     reads = {}
     for h in conversations:
-        for r in [h[:j + 1] for j, m in enumerate(h) if m.get("role") == "user"] + [h]:
+        for r in conversation_reads(h):
             reads.setdefault(render(r), r)
     return list(reads.values())
 

@@ -54,6 +54,12 @@ def with_conversation(a: RiskAssessment, p: np.ndarray, sc, best: np.ndarray | N
 
 
 
+def conversation_reads(history: list[dict]) -> list[list[dict]]:
+    """What the conversation head reads of a conversation: each prefix ending at a client turn, then
+    the whole of it."""
+    return [history[:j + 1] for j, m in enumerate(history) if m.get("role") == "user"] + [history]
+
+
 def _inline(fn, *args):
     return fn(*args)
 
@@ -111,7 +117,7 @@ class RiskClassifier:
         """Per conversation, the conversation head's probabilities for the whole of it and for its
         prefix (ending at a client turn) with the highest P(high). Each distinct text is read once
         (a GRPO group's samples share their prefixes; a chat re-sends its history)."""
-        reads = [[h[:j + 1] for j, m in enumerate(h) if m.get("role") == "user"] + [h] for h in histories]
+        reads = [conversation_reads(h) for h in histories]
         flat = [r for rs in reads for r in rs]
         probs = self._cached(self._conv_cache, [render(r) for r in flat], flat,
                              lambda todo: self.conv.probs(self._run(self.backbone.features, todo)))
