@@ -8,11 +8,11 @@ They make learning tests possible with a known optimum; they are not part of the
 - ``keyword:WORD``: fraction of the whitespace-separated words of the response equal to WORD,
   case-insensitive, after stripping punctuation around each word ("Hello," counts as "hello").
 - ``length:N``: ``max(0, 1 - |words - N| / N)``, 1 at exactly N words.
-- ``mechanism:WORLD[/TRAIN]``: the mechanism task's reward (``escrag.mechanism``, docs/mechanism.md).
 - ``vowels``: share of vowels (aeiou) among the letters of the response, 0 without letters; a dense
   signal that even a tiny random model can climb (tests/test_learner_learns.py).
 
-To add a rule: write ``make_<name>(arg: str | None) -> Rule`` and register it in ``RULES``.
+To add a rule: write ``make_<name>(arg: str | None) -> Rule`` and list it in ``RULES``; code outside the
+library (``experiments/``) calls ``register`` instead (the mechanism task's ``mechanism:WORLD[/TRAIN]``).
 """
 
 from __future__ import annotations
@@ -68,24 +68,13 @@ def make_vowels(arg: str | None) -> Rule:
     return vowels
 
 
-def make_mechanism(arg: str | None) -> Rule:
-    """``mechanism:WORLD[/TRAIN]``: 1 when the response holds the code word of the client's topic in
-    world WORLD of the mechanism task (``escrag.mechanism.world``; with TRAIN, the derangement of world
-    TRAIN that valid and test use) and no other code word, else 0."""
-    from escrag.mechanism import mechanism_reward, world
-
-    try:
-        seeds = [int(x) for x in (arg or "").split("/")]
-    except ValueError:
-        seeds = []
-    if len(seeds) not in (1, 2):
-        raise UserError(f"mechanism rule needs a world seed, as in mechanism:1 or mechanism:3/1 (got {arg!r})")
-    table = world(seeds[0], world(seeds[1]) if len(seeds) == 2 else None)
-    return lambda history, text: mechanism_reward(table, history, text)
-
-
 RULES: dict[str, Callable[[str | None], Rule]] = {"keyword": make_keyword, "length": make_length,
-                                                  "vowels": make_vowels, "mechanism": make_mechanism}
+                                                  "vowels": make_vowels}
+
+
+def register(name: str, make: Callable[[str | None], Rule]) -> None:
+    """Add a rule from outside the library (an experiment registers its own when imported)."""
+    RULES[name] = make
 
 
 def parse_rule(spec: str) -> Rule:

@@ -11,6 +11,8 @@ statement of every module, function-level ones included (an AST walk, no import)
   the two services; trainer the core, ``web``, ``safety`` and rollout; evaluation (an orchestration
   layer) the core, the feature rooms, rollout and the services, never the trainer or the jobs;
   ray_jobs anything but bench; bench (benchmarks) anything; nothing imports bench;
+- experiments (``experiments/<name>/``) import anything but bench; nothing outside them imports them, the
+  library's tests included (only ``tests/experiments/`` do);
 - no import cycle between modules (function-level imports and the CLI's lazy targets count as edges),
   and none between rooms;
 - no module imports another room's private (``_name``) names;
@@ -26,7 +28,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("escrag", "reward_server", "retriever_server", "rollout", "trainer", "evaluation", "ray_jobs", "bench")
+PACKAGES = ("escrag", "reward_server", "retriever_server", "rollout", "trainer", "evaluation", "ray_jobs", "bench",
+            "experiments")
 FEATURES = ("web", "llm", "safety", "preference")  # escrag's feature rooms; the rest of escrag/ is the core
 SERVICE_API = {"retriever_server.client", "retriever_server.protocol", "reward_server.client",
                "reward_server.protocol"}
@@ -44,6 +47,8 @@ ALLOWED = {  # room -> the other rooms it may import (or, for the services' publ
     "evaluation": FEATURE_ROOMS | {"rollout", "retriever_server", "reward_server"},
     "ray_jobs": FEATURE_ROOMS | {"rollout", "trainer", "evaluation", "retriever_server", "reward_server"},
     "bench": FEATURE_ROOMS | {"rollout", "trainer", "evaluation", "retriever_server", "reward_server", "ray_jobs"},
+    "experiments": FEATURE_ROOMS | {"rollout", "trainer", "evaluation", "retriever_server", "reward_server",
+                                    "ray_jobs"},
 }
 HEAVY = {"torch", "transformers", "faiss", "vllm", "openrlhf", "ray", "deepspeed", "peft", "sentence_transformers"}
 LAZY = re.compile(r"""_lazy\(\s*["']([\w.]+):(\w+)["']\s*\)""")
@@ -180,6 +185,16 @@ def test_nothing_imports_bench():
     broken = [f"{path.relative_to(ROOT)} imports {m}" for name, path in MODULES.items() if room(name) != "bench"
               for m, _ in imports(path, MODULES) if m.split(".")[0] == "bench"]
     assert not broken, "\n".join(broken)
+
+
+def test_nothing_outside_experiments_imports_them():
+    """The library, the benchmarks and the tests of the library import nothing from ``experiments/``;
+    only an experiment's own tests (``tests/experiments/``) do."""
+    tests = {f"tests.{p.stem}": p for p in sorted((ROOT / "tests").rglob("*.py"))
+             if "experiments" not in p.relative_to(ROOT / "tests").parts}
+    broken = [f"{path.relative_to(ROOT)} imports {m}" for name, path in {**MODULES, **tests}.items()
+              if room(name) != "experiments" for m, _ in imports(path, MODULES) if m.split(".")[0] == "experiments"]
+    assert len(tests) > 40 and not broken, "\n".join(broken)
 
 
 def test_cli_lazy_targets_exist():

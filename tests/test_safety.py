@@ -102,35 +102,6 @@ print("\\n".join(p for p in opened if p.endswith(".jsonl") or "safety-head-" in 
     shutil.rmtree(cache_dir() / conv_head_name(sc, conv_dtype(sc)))
 
 
-def test_design_study_judges_on_a_dev_half_of_round6_and_never_reads_eval():
-    """results/safety-designs/study.py fits on tuning + half of round 6 and judges on the other half:
-    a group's versions (multi-turn, texting) sit on one side, every category has high and not-high
-    cases on the dev side, and no string in the script (its docstring aside) names the eval set."""
-    import ast
-    import importlib.util
-
-    from escrag.safety.cases import SAFETY_DIR
-
-    path = "results/safety-designs/study.py"
-    spec = importlib.util.spec_from_file_location("safety_design_study", path)
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
-    r6 = load_cases(SAFETY_DIR / "tuning-round6.jsonl")
-    side = {}
-    for c in r6:
-        assert side.setdefault(c["group"], study.dev_group(c)) == study.dev_group(c), c["group"]
-    dev = [c for c in r6 if study.dev_group(c)]
-    assert 0.3 < len(dev) / len(r6) < 0.7
-    for cat in CATEGORIES:
-        assert sum(c["label"] == "high" and c["category"] == cat for c in dev) >= 15, cat
-    assert sum(c["label"] == "not_high" for c in dev) >= 100
-    assert not any(study.dev_group(c) for c in load_cases("tuning"))  # tuning.jsonl is all fit
-    tree = ast.parse(open(path).read())
-    doc = ast.get_docstring(tree, clean=False)
-    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-    assert not [s for s in strings if s != doc and "eval" in s.lower()], "the study must not read the eval set"
-
-
 def test_conversation_head_is_fitted_without_round6_dev_groups_and_round7_copies_none():
     from escrag.config import SafetyConfig
     from escrag.embed import load_embedder

@@ -33,7 +33,7 @@ The level of 1-4 is the highest level found; ``reasons`` says what fired on whic
    sure (``conv_high``), or when 1-4 said high and it agrees at least a little (``conv_confirm``; below that, 1-4's high is lowered to
    elevated, except a yes to the counselor's direct question, ``FIRM``); at least elevated above
    ``conv_elevated``. On round 6's dev half this cut the misses
-   and the false alarms of 1-4 alone (results/safety-designs).
+   and the false alarms of 1-4 alone (experiments/safety_designs).
 
 A screening aid that errs towards flagging, not a clinical instrument. The paper has no safety
 layer; this is ours.

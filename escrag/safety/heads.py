@@ -6,7 +6,7 @@ the category of a high case, over standardised features, read from ``escrag.safe
 dev half (``escrag.safety.cases.dev_group``).
 
 Why. Rules and a head over single-sentence MiniLM embeddings fit their tuning set (recall ~1.0) but
-caught 0.54-0.80 of new wordings. On round 6's dev half (results/safety-designs) a regression over
+caught 0.54-0.80 of new wordings. On round 6's dev half (experiments/safety_designs) a regression over
 SmolLM2-135M's mid-layer states of the whole conversation separates high from not high better (AUC
 0.96 vs 0.82 for the shipped levels) than any MiniLM feature (0.83-0.85). ``escrag.safety`` combines
 it with the rules and the sentence head; it reads every turn, the counselor's included.
