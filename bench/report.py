@@ -1,0 +1,374 @@
+"""Render docs/measurements.md from the measurement JSON: one table per area, every value from a file.
+
+    python bench/report.py            # write docs/measurements.md
+    python bench/report.py --check    # exit 1 with a diff when the page differs from what the JSON renders
+
+The files each table reads are named in ``SOURCES`` (paths relative to the repository root; edit them
+there when a file moves); ``SKIPPED`` names the files of ``bench/results/`` that no table reads, with
+the reason. No number is written in this script: each cell is a value of a JSON file, a ratio of two
+values shown in the same row, or a list's length (tests/test_measurements.py checks the page for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = "docs/measurements.md"
+
+# area -> [(JSON path relative to the repository root, what the file measures beyond its fields)]
+SOURCES: dict[str, list[tuple[str, str]]] = {
+    "wall_times": [("bench/results/wall_times.json", "")],
+    "engine": [("bench/results/bench_engine_same_dtype.json", ""),
+               ("bench/results/bench_engine_same_dtype_avx2.json", "")],
+    "sampler": [("bench/results/sampler.json", "")],
+    "learner": [("bench/results/learner.json", ""),
+                ("bench/results/learner_avx2.json", ""),
+                ("bench/results/learner_glibc_defaults.json", "ours with glibc's malloc defaults"),
+                ("bench/results/learner_same_malloc_both.json", "the same malloc settings on both sides")],
+    "grpo_vs_trl": [("bench/results/grpo_vs_trl_two_stage_bf16.json", ""),
+                    ("bench/results/grpo_vs_trl_float32.json", "")],
+    "rollout": [("bench/results/rollout.json", "")],
+    "retriever": [("bench/results/retriever.json", "")],
+    "reward_server": [("bench/results/reward_server.json", "")],
+    "rm_train": [("bench/results/rm_train.json", "")],
+    "streaming": [("bench/results/bench_streaming.json", "")],
+    "conv_head": [("bench/results/conv_head.json", "")],
+    "cpu_bf16": [("bench/results/cpu_bf16.json", "")],
+    "safety_eval": [("experiments/safety_designs/eval_runs/safety_eval_run6.json", "conversation head in float32"),
+                    ("experiments/safety_designs/eval_runs/safety_eval_run5.json", "conversation head in bfloat16"),
+                    ("experiments/safety_designs/eval_runs/safety_eval_run6_guard_double.json",
+                     "float32 head + the keyword guard TEST DOUBLE")],
+    "mechanism": [("experiments/mechanism/results/smollm2/summary.json", "")],
+    "heldout_gain": [("experiments/heldout_gain/rerun-compare-test.json", "")],
+    "central_claim": [("experiments/central_claim/heldout_compare_training_rm.json", "")],
+    "reward_labels": [("experiments/reward_labels/labels-test.json", "")],
+}
+
+# files of bench/results/ that no table reads
+SKIPPED: dict[str, str] = {
+    "bench/results/bench_engine.json": "superseded by bench_engine_same_dtype.json (baseline: generate in float32 only)",
+    "bench/results/bench_engine_same_dtype_a05b826.json": "an earlier run of bench_engine_same_dtype.json",
+    "bench/results/bench_engine_eager_vs_compiled.json": "a one-off sizing run for configs/cpu-demo.yaml",
+    "bench/results/grpo_vs_trl.json": "superseded: one step, one stage",
+}
+
+
+def load(path: str) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+# --- cells -----------------------------------------------------------------------------------------
+
+def f(x: float, digits: int = 1) -> str:
+    """A JSON value as shown: fixed decimals, thousands separated."""
+    return f"{x:,.{digits}f}"
+
+
+def ms(x: float) -> str:
+    return f(x, 2 if x < 10 else 1) + " ms"
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}×"
+
+
+def ci(v: list[float], signed: bool = False, digits: int = 3) -> str:
+    """``[mean, low, high]`` as ``mean [low, high]``; with signs for a difference."""
+    spec = f"{'+' if signed else ''}.{digits}f"
+    m, lo, hi = (format(x, spec) for x in v)
+    return f"{m} [{lo}, {hi}]"
+
+
+def machine(d: dict) -> str:
+    """The machine the JSON names, else "not recorded" with what it does record."""
+    for key in ("machine", "cpu"):
+        if d.get(key):
+            return str(d[key])
+    known = []
+    if "cpus" in d:
+        known.append(f"{d['cpus']} cores")
+    if d.get("fast_bfloat16") is False:
+        known.append("no fast bfloat16")
+    return "not recorded" + (f" ({', '.join(known)})" if known else "")
+
+
+def src(path: str) -> str:
+    return f"[{Path(path).name}](../{path})"
+
+
+def code(s: str) -> str:
+    return f"`{s}`"
+
+
+def out_arg(path: str, default: str) -> str:
+    return "" if Path(path).name == default else f" --out {path}"
+
+
+Row = list[str]
+Renderer = Callable[[str, dict, str], Iterator[Row]]
+BENCH = ["what", "ours", "baseline", "ratio", "machine", "JSON", "rerun"]
+
+
+# --- areas -----------------------------------------------------------------------------------------
+
+def wall_times(path: str, d: dict, note: str) -> Iterator[Row]:
+    for r in d["rows"]:
+        parts = r.get("stages_s") or {}
+        detail = ", ".join(f"{k} {v} s" for k, v in parts.items())
+        if "tests_s" in r:
+            detail = f"tests {r['tests_s']} s, {r['passed']} passed"
+        yield [r["what"], f"{r['seconds']} s ({detail})", "", "", r["machine"], src(path),
+               code(r["command"])]
+
+
+def engine(path: str, d: dict, note: str) -> Iterator[Row]:
+    c, med = d["config"], d["median_tok_s"]
+    cmd = code(f"bench/bench_engine.py --repeats {c['repeats']} --variants {c['variants']}"
+               f"{out_arg(path, 'bench_engine.json')}")
+    for key, ours in med.items():
+        variant, batch = key.split("/")
+        kind, dtype = variant.split(":")
+        if kind == "hf":
+            continue
+        base = med[f"hf:{dtype}/{batch}"]
+        yield [f"engine {kind} {dtype} {batch}, {c['new_tokens']} new tokens, vs `generate` in {dtype}",
+               f"{f(ours)} tok/s", f"{f(base)} tok/s", ratio(ours, base), machine(d), src(path), cmd]
+
+
+def sampler(path: str, d: dict, note: str) -> Iterator[Row]:
+    cmd = code(f"bench/bench_sampler.py --before {d['before']}")
+    for r in d["rows"]:
+        times = dict(r["ms"])
+        ours = times.pop("ours")
+        yield [f"one sampling step, {r['logits']} logits, batch {r['batch']}, top-p {d['top_p']}, "
+               f"{d['threads']} thread", f"{f(ours, 2)} ms",
+               "; ".join(f"{k} {f(v, 2)} ms" for k, v in times.items()),
+               ", ".join(ratio(v, ours) for v in times.values()), machine(d), src(path), cmd]
+
+
+def learner(path: str, d: dict, note: str) -> Iterator[Row]:
+    m = d["median_s"]
+    what = (f"learner update, {d['sequences']} sequences, LoRA r{d['lora_r']}, {d['dtype']}, "
+            f"vs the learner at {d['baseline']}" + (f"; {note}" if note else ""))
+    cmd = code(f"bench/bench_learner.py --dtype {d['dtype']}{out_arg(path, 'learner.json')}")
+    yield [what, f"{f(m['ours'], 2)} s", f"{f(m['before'], 2)} s", ratio(m["before"], m["ours"]),
+           machine(d), src(path), cmd]
+
+
+def grpo_vs_trl(path: str, d: dict, note: str) -> Iterator[Row]:
+    s = d["settings"]
+    what = (f"vanilla GRPO step vs TRL `GRPOTrainer`, {s['prompts']} states × {s['group']}, prompt {s['prompt_len']}, "
+            f"completion ≤ {s['completion_len']} tokens, {s['dtype']}")
+    cmd = code(f"bench/bench_grpo_vs_trl.py --prompt-len {s['prompt_len']} --completion-len {s['completion_len']} "
+               f"--steps {s['steps']} --dtype {s['dtype']}{out_arg(path, 'grpo_vs_trl.json')}")
+    yield [what, f"{f(d['ours']['step_s'], 2)} s", f"{f(d['trl']['step_s'], 2)} s",
+           ratio(d["trl"]["step_s"], d["ours"]["step_s"]), machine(d), src(path), cmd]
+
+
+def rollout(path: str, d: dict, note: str) -> Iterator[Row]:
+    c, e = d["config"], d["engine"]
+    cmd = code(f"bench/bench_rollout.py --states {c['states']} --repeats {c['repeats']} "
+               f"--index-limit {c['index_limit']} --workers '{c['workers']}'")
+    yield [f"two-stage rollout with live servers vs the raw engine, same tokens, {c['states']} states × "
+           f"{c['group_size']}, {e['dtype']}", f"{f(d['rollout']['tok_s'])} tok/s",
+           f"{f(d['raw_engine']['tok_s'])} tok/s", ratio(d["rollout"]["tok_s"], d["raw_engine"]["tok_s"]),
+           machine(d), src(path), cmd]
+
+
+def retriever(path: str, d: dict, note: str) -> Iterator[Row]:
+    rows, batch = d["rows"], d["batch"]
+    base = rows[f"in-process b{batch}"]["qps"]
+    cmd = code(f"bench/bench_retriever.py --chunks {d['index']['count']}")
+    for name, r in rows.items():
+        if name.startswith("server"):
+            yield [f"retriever, {name.split()[1][1:]} concurrent single-query clients vs in-process batch {batch}",
+                   f"{f(r['qps'])} q/s", f"{f(base)} q/s", ratio(r["qps"], base), machine(d), src(path), cmd]
+
+
+def reward_server(path: str, d: dict, note: str) -> Iterator[Row]:
+    ours, base = d["server_items_per_s"][0], d["inprocess_items_per_s"][0]
+    yield [f"reward server, {d['concurrency']} one-item clients vs in-process batch {d['batch']}",
+           f"{f(ours, 2)} items/s", f"{f(base, 2)} items/s", ratio(ours, base), machine(d), src(path),
+           code(f"bench/bench_reward_server.py --rounds {len(d['server_items_per_s'])}")]
+
+
+def rm_train(path: str, d: dict, note: str) -> Iterator[Row]:
+    o, n = d["ours"], d["naive"]
+    yield [f"reward-head training, cached features vs the backbone every epoch, {d['pairs']} pairs, "
+           f"{d['epochs']} epochs", f"{f(o['seconds'])} s, {o['forward_passes']} forwards",
+           f"{f(n['seconds'])} s, {n['forward_passes']} forwards", ratio(n["seconds"], o["seconds"]),
+           machine(d), src(path), code(f"bench/bench_rm_train.py --pairs {d['pairs']} --max-length {d['max_length']}")]
+
+
+def streaming(path: str, d: dict, note: str) -> Iterator[Row]:
+    c = d["config"]
+    base = next(r for r in d["results"] if r["max_staleness"] == 0)
+    cmd = code(f"bench/bench_streaming.py --variants {c['variants']}")
+    for r in d["results"]:
+        if r is base:
+            continue
+        yield [f"streaming learner, GRPO step on {c['config']}, `grpo.max_staleness` {r['max_staleness']} vs "
+               f"{base['max_staleness']}", f"{f(r['step_s_median'])} s a step, {f(r['samples_per_s'], 3)} samples/s",
+               f"{f(base['step_s_median'])} s, {f(base['samples_per_s'], 3)} samples/s",
+               ratio(r["samples_per_s"], base["samples_per_s"]), machine(d), src(path), cmd]
+
+
+def conv_head(path: str, d: dict, note: str) -> Iterator[Row]:
+    for r in d["rows"]:
+        yield [f"crisis check's conversation head, {r['workload']} load ({r['reads']} reads), {d['dtype']}, "
+               f"{d['threads']} threads: shared starts vs each read alone",
+               f"{f(r['s_shared'])} s, {r['tokens_shared']:,} tokens", f"{f(r['s_alone'])} s, {r['tokens_alone']:,} tokens",
+               ratio(r["s_alone"], r["s_shared"]), machine(d), src(path), code("bench/bench_conv_head.py")]
+
+
+def cpu_bf16(path: str, d: dict, note: str) -> Iterator[Row]:
+    for r in d["rows"]:
+        yield [f"bfloat16 on a CPU without bfloat16 instructions: {r['case']}, emulated vs PyTorch's own",
+               f"{ms(r['emulated_bf16_ms'])} (float32 {ms(r['float32_ms'])})", ms(r["native_bf16_ms"]),
+               ratio(r["native_bf16_ms"], r["emulated_bf16_ms"]), machine(d), src(path),
+               code(f"bench/bench_cpu_bf16.py --threads {d['threads']}")]
+
+
+CATEGORIES = ["suicide", "self_harm", "harm_to_others", "abuse", "medical"]
+SAFETY = ["run", *CATEGORIES, "not high flagged high", "not high noted", "JSON", "rerun"]
+
+
+def safety_eval(path: str, d: dict, note: str) -> Iterator[Row]:
+    t = d["targets"]
+    noted = d.get("not_high_noted")
+    yield [f"{note} ({d['cases']} cases; targets: recall ≥ {t['recall_per_category']}, flagged ≤ "
+           f"{t['not_high_flagged_high']})", *(f(d["high"][c]["recall"], 3) for c in CATEGORIES),
+           f(d["not_high_flagged_high"], 3), "" if noted is None else f(noted, 3), src(path),
+           code("escrag safety eval --config configs/cpu-test.yaml" + (" --guard URL" if "guard" in d else ""))]
+
+
+MECHANISM = ["arm", "code-word hit rate (test)", "paired vs vanilla+rag", "draft names the topic", "JSON", "rerun"]
+
+
+def mechanism(path: str, d: dict, note: str) -> Iterator[Row]:
+    cmd = code("python -m experiments.mechanism.job --config experiments/mechanism/mechanism-smollm2.yaml")
+    for arm, r in d["table"]["test"].items():
+        vs = r.get("vs_vanilla+rag")
+        topic = r.get("draft_names_topic")
+        yield [arm, ci(r["mean"]), "" if vs is None else ci(vs, signed=True), "" if topic is None else f(topic, 3), src(path), cmd]
+
+
+COMPARE = ["measure", "SFT", "GRPO", "GRPO − SFT (paired)", "JSON", "rerun"]
+
+
+def heldout_gain(path: str, d: dict, note: str) -> Iterator[Row]:
+    cmd = code("bash experiments/heldout_gain/run.sh -o policy.dtype=float32")
+    for key in ("format", "rm", "rm_both_parse", "reward", "strategy_hit"):
+        r = d[key]
+        n = f"{r['answers']} answers" if "answers" in r else f"× {d['samples']}"
+        yield [f"{key}, {d['split']}, {r['states']} states {n}", ci(r["sft"]), ci(r["grpo"]),
+               ci(r["delta"], signed=True), src(path), cmd]
+
+
+def central_claim(path: str, d: dict, note: str) -> Iterator[Row]:
+    n = len(d["states"])
+    yield [f"training reward, {n} test states × {d['samples']}", ci(d["sft"]), ci(d["grpo"]), ci(d["delta"], signed=True),
+           src(path), code("python -m ray_jobs.demo --config experiments/central_claim/config.yaml --compare-only "
+                           f"-o run.demo_compare_states={n} -o run.demo_compare_samples={d['samples']}")]
+
+
+LABELS = ["scorer", "gold turn vs another dialogue's", "empathy: pairwise accuracy", "relevance: pairwise accuracy",
+          "JSON", "rerun"]
+
+
+def reward_labels(path: str, d: dict, note: str) -> Iterator[Row]:
+    for name, s in d["scorers"].items():
+        yield [f"{name} ({s['dialogues']} {d['split']} dialogues)", ci(s["other_dialogue"]),
+               ci(s["empathy"]["pairwise_accuracy"]), ci(s["relevance"]["pairwise_accuracy"]), src(path),
+               code("bash experiments/reward_labels/run.sh")]
+
+
+# (heading, area, renderer); every benchmark table has the columns BENCH
+BENCHMARKS: list[tuple[str, str, Renderer]] = [
+    ("`make demo` and `make test` on a fresh clone (empty caches, install included)", "wall_times", wall_times),
+    ("Generation engine", "engine", engine),
+    ("Sampler", "sampler", sampler),
+    ("Learner", "learner", learner),
+    ("GRPO step against TRL", "grpo_vs_trl", grpo_vs_trl),
+    ("Rollout", "rollout", rollout),
+    ("Retriever server", "retriever", retriever),
+    ("Reward server", "reward_server", reward_server),
+    ("Reward-model training", "rm_train", rm_train),
+    ("Streaming learner", "streaming", streaming),
+    ("Crisis check: conversation head", "conv_head", conv_head),
+    ("bfloat16 on a CPU without bfloat16 instructions", "cpu_bf16", cpu_bf16),
+]
+# (heading, area, renderer, columns)
+EXPERIMENTS: list[tuple[str, str, Renderer, list[str]]] = [
+    ("Crisis check on the held-out set (`escrag safety eval`, recall per category)", "safety_eval", safety_eval, SAFETY),
+    ("The mechanism task (experiments/mechanism/)", "mechanism", mechanism, MECHANISM),
+    ("GRPO against its SFT start (experiments/heldout_gain/)", "heldout_gain", heldout_gain, COMPARE),
+    ("ESCRAG-R1 against SFT on the training reward (experiments/central_claim/)", "central_claim", central_claim,
+     COMPARE),
+    ("Rewards against ESConv's human ratings (experiments/reward_labels/)", "reward_labels", reward_labels, LABELS),
+]
+
+
+def table(columns: list[str], rows: list[Row]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    return lines + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+
+
+def section(entries: list[tuple[str, str, Renderer, list[str]]]) -> list[str]:
+    lines: list[str] = []
+    for heading, area, render, columns in entries:
+        rows = [row for path, note in SOURCES[area] for row in render(path, load(path), note)]
+        lines += ["", f"### {heading}", "", *table(columns, rows)]
+    return lines
+
+
+def render() -> str:
+    lines = [
+        "# Measurements",
+        "",
+        "<!-- generated by `python bench/report.py` from the JSON files named in each table; do not edit -->",
+        "",
+        "Every number below is read from the JSON file named in its row; `python bench/report.py` writes this",
+        "page and `python bench/report.py --check` fails when the page and the JSON differ",
+        "(`tests/test_measurements.py` runs that check). To refresh a row, run its command on an otherwise idle",
+        "machine, then `python bench/report.py`. *ours* is this tree, *baseline* what it is measured against,",
+        "*ratio* the baseline's time over ours (for rates: ours over the baseline), so above 1 is faster.",
+        "*machine* is what the JSON records about the CPU it ran on.",
+        "",
+        "## Benchmarks",
+        *section([(*entry, BENCH) for entry in BENCHMARKS]),
+        "",
+        "## Experiments",
+        "",
+        "Means with 95% bootstrap intervals over states, as `[mean, low, high]` in each JSON file. What each",
+        "number means and how the experiment was run is in its folder's README.",
+        *section(EXPERIMENTS),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 with a diff when the page is not what the JSON renders")
+    args = p.parse_args(argv)
+    page, text = ROOT / PAGE, render()
+    if not args.check:
+        page.write_text(text)
+        print(f"wrote {PAGE}")
+        return 0
+    old = page.read_text() if page.exists() else ""
+    if old == text:
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True), PAGE, "rendered"))
+    print(f"\n{PAGE} differs from the JSON: run python bench/report.py", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
