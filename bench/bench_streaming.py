@@ -2,7 +2,7 @@
 (rollouts wait for each update) and 1 (the next step's rollouts run during the update), side by side in
 one run, on the demo config (SmolLM2-135M + LoRA r=16, two-stage RAG rollouts).
 
-Each variant runs ``ray_jobs.train_grpo.fit`` with a fresh learner actor and rollout pool (model loads
+Each variant runs ``trainer.loop.fit`` with a fresh learner actor and rollout pool (model loads
 are not timed) against the same live retriever (an ESConv index of ``--index-limit`` chunks) and rule
 reward server. A variant is ``K`` or ``K:T`` (T torch threads for the rollout worker and for the
 learner, instead of the config's). Step 1 fills the pipeline and warms the caches; the table shows the
@@ -69,9 +69,9 @@ def variant_config(args, k: int, threads: int | None, urls: dict, out: Path):
 def run_variant(cfg, gpus: float) -> list[dict]:
     import ray
 
-    from ray_jobs.train_grpo import fit, train_states
     from rollout.pool import RolloutPool
     from trainer.learner import place, start_learner
+    from trainer.loop import fit, train_states
     from trainer.metrics import read_metrics
 
     cfg = place(cfg, gpus)

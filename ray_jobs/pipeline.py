@@ -181,6 +181,10 @@ def run_pipeline(cfg: Config, until: str | None = None, log=print) -> dict:
     stage's key and whether it ran."""
     if until is not None and until not in STAGES:
         raise UserError(f"--until {until}: unknown stage (stages: {', '.join(STAGES)})")
+    if cfg.grpo.backend == "openrlhf":  # before any stage runs, not hours later at the GRPO stage
+        from trainer.openrlhf.ranks import check_rank_split
+
+        check_rank_split(cfg)
     paths = run_paths(cfg)
     manifest, keys, report = Manifest(paths.manifest), {}, {}
     for stage in STAGES[: STAGES.index(until) + 1 if until else len(STAGES)]:

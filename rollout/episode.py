@@ -3,7 +3,7 @@
 Owns: the stage functions and the two things built from them. The training episode (``run_group``:
 one dialogue state -> one ``ScoredGroup`` with masks set here), RAG inference over any chat function
 (``answer``: the counselor API, for a local engine or a remote endpoint, and the evaluation), and the
-pieces the OpenRLHF agent calls step by step (``rollout/openrlhf_agent.py``).
+pieces the OpenRLHF agent calls step by step (``trainer/openrlhf/agent.py``).
 
 Layout. Stage 1: the stage-1 messages (system + history) -> ĉ. Stage 2 continues the same
 conversation: + ``assistant: ĉ`` + a system turn holding the k exemplars retrieved with ĉ's response

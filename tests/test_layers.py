@@ -8,7 +8,8 @@ statement of every module, function-level ones included (an AST walk, no import)
   ``llm`` and ``web``;
 - the reward and retriever services import the core and ``escrag.web``;
 - rollout imports the core, ``web``, ``llm``, ``safety`` and only the ``client``/``protocol`` modules of
-  the two services; trainer the core, ``web``, ``safety`` and rollout; evaluation (an orchestration
+  the two services; trainer the core, ``web``, ``safety``, rollout and, like rollout, the services' ``client``/``protocol``
+  (the OpenRLHF agent, ``trainer/openrlhf/agent.py``, runs the episode against them); evaluation (an orchestration
   layer) the core, the feature rooms, rollout and the services, never the trainer or the jobs;
   ray_jobs anything but bench; bench (benchmarks) anything; nothing imports bench;
 - experiments (``experiments/<name>/``) import anything but bench; nothing outside them imports them, the
@@ -43,7 +44,7 @@ ALLOWED = {  # room -> the other rooms it may import (or, for the services' publ
     "reward_server": {"escrag.web"},
     "retriever_server": {"escrag.web"},
     "rollout": {"escrag.web", "escrag.llm", "escrag.safety"} | SERVICE_API,
-    "trainer": {"escrag.web", "escrag.safety", "rollout"},
+    "trainer": {"escrag.web", "escrag.safety", "rollout"} | SERVICE_API,  # the OpenRLHF agent calls the services
     "evaluation": FEATURE_ROOMS | {"rollout", "retriever_server", "reward_server"},
     "ray_jobs": FEATURE_ROOMS | {"rollout", "trainer", "evaluation", "retriever_server", "reward_server"},
     "bench": FEATURE_ROOMS | {"rollout", "trainer", "evaluation", "retriever_server", "reward_server", "ray_jobs"},

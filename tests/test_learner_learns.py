@@ -1,4 +1,4 @@
-"""Evidence that the GRPO learner learns: the job's training loop (``ray_jobs.train_grpo.fit``) with a
+"""Evidence that the GRPO learner learns: the job's training loop (``trainer.loop.fit``) with a
 real ``RolloutPool`` (a Ray actor on the session head, transformers engine), the learner in its Ray
 actor and a real reward server process serving the ``vowels`` rule (share of vowels among the letters
 of the output) trains the tiny random Qwen2 for 12 steps. With a learning rate the mean reward rises
@@ -19,9 +19,9 @@ STEPS = 12
 def _run(tmp_path, reward_url: str, lr: float) -> list[float]:
     import ray
 
-    from ray_jobs.train_grpo import fit, train_states
     from rollout.pool import RolloutPool
     from trainer.learner import start_learner
+    from trainer.loop import fit, train_states
 
     cfg = load_config("configs/cpu-test.yaml", [
         f"run.output_dir={tmp_path / f'lr{lr}'}", f"reward.url={reward_url}", "rollout.rag=false",

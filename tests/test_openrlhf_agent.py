@@ -1,4 +1,4 @@
-"""The OpenRLHF agent (rollout/openrlhf_agent.py) through OpenRLHF 0.11.2's real
+"""The OpenRLHF agent (trainer/openrlhf/agent.py) through OpenRLHF 0.11.2's real
 ``MultiTurnAgentExecutor.execute`` under asyncio, on our transformers engine (tiny random Qwen2) in
 vLLM's async shape, against real retriever and reward server processes (a 40-chunk ESConv index and
 the ``length:8`` rule reward): for every sample of a group, run concurrently as OpenRLHF runs them,
@@ -26,9 +26,9 @@ from escrag.web.procs import ServerProcess  # noqa: E402
 from retriever_server.client import RetrieverClient  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
 from rollout import episode  # noqa: E402
-from rollout import openrlhf_agent as agent  # noqa: E402
 from rollout.engines.base import SamplingParams  # noqa: E402
 from rollout.engines.hf_engine import HFEngine  # noqa: E402
+from trainer.openrlhf import agent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE = "length:8"
@@ -211,7 +211,7 @@ def test_context_running_out_before_stage2_trains_nothing(engine, servers):
 def test_label_round_trips_through_openrlhfs_prompt_dataset(engine, servers, tmp_path):
     """The dataset rows as OpenRLHF's own PromptDataset reads them (loaded by file: the package's
     datasets/__init__ needs HF datasets): our stage-1 prompt text and the agent's label."""
-    from trainer import openrlhf_launch as orl
+    from trainer.openrlhf import launch as orl
 
     cfg = _cfg(f"run.output_dir={tmp_path}")
     states = load_states("valid")[:4]

@@ -22,7 +22,7 @@ import torch
 
 from escrag.config import load_config
 from trainer.grpo import policy_loss
-from trainer.openrlhf_launch import build_argv, check_argv
+from trainer.openrlhf.launch import build_argv, check_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("openrlhf", reason="make install adds the no-deps OpenRLHF these tests read")

@@ -90,7 +90,7 @@ def test_what_does_not_fit_is_named_with_its_numbers(tmp_path):
 
 
 def test_vllm_gets_what_the_services_leave_and_the_launcher_emits_it(parser):
-    from trainer import openrlhf_launch as orl
+    from trainer.openrlhf import launch as orl
 
     cfg = _cfg("paper-3b", "reward.max_batch=32")  # a bigger reward forward on GPU 0
     plan = pl.make_plan(cfg, (2, 80.0)).require()
@@ -105,7 +105,7 @@ def test_vllm_gets_what_the_services_leave_and_the_launcher_emits_it(parser):
 @pytest.fixture(scope="module")
 def parser():
     pytest.importorskip("openrlhf", reason="make install adds the no-deps OpenRLHF these tests read")
-    from trainer import openrlhf_launch as orl
+    from trainer.openrlhf import launch as orl
 
     return orl.parser_from_source()
 

@@ -28,7 +28,8 @@ import pytest
 from escrag.config import ConfigError, load_config
 
 pytest.importorskip("openrlhf", reason="make install adds the no-deps OpenRLHF these tests read")
-from trainer import openrlhf_launch as orl  # noqa: E402
+from trainer.openrlhf import launch as orl  # noqa: E402
+from trainer.openrlhf.ranks import check_rank_split  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ESCONV_TRAIN_STATES = 10_191
@@ -160,21 +161,32 @@ SIZES = {"grpo.batch_states": (128, 100, 96, 30), "grpo.micro_batch_size": (2, 3
 
 
 @pytest.mark.parametrize("preset", ["paper-3b", "paper-7b"])
-def test_a_config_loads_exactly_when_openrlhf_splits_it_evenly(openrlhf, preset):
-    """Every combination of ``SIZES`` given with -o: the config loads iff the replay of a run over its
+def test_a_config_passes_exactly_when_openrlhf_splits_it_evenly(openrlhf, preset):
+    """Every combination of ``SIZES`` given with -o: the backend's check (``check_rank_split``, which the
+    pipeline runs before its first stage and the launcher before it emits a command) passes iff the replay of a run over its
     prompt file (12 steps' worth here) finds equal work; a refused one names the key and the numbers."""
     loaded = refused = 0
     preset_args = _args(load_config(ROOT / "configs" / f"{preset}.yaml"))
     for values in itertools.product(*SIZES.values()):
         overrides = [f"{k}={v}" for k, v in zip(SIZES, values)] + ["grpo.steps=12"]
         try:
-            load_config(ROOT / "configs" / f"{preset}.yaml", overrides)
+            check_rank_split(load_config(ROOT / "configs" / f"{preset}.yaml", overrides))
             ok = True
         except ConfigError as exc:
             ok = False
             assert "grpo.batch_states" in str(exc) and "actor ranks" in str(exc)
-        cfg = load_config(ROOT / "configs" / f"{preset}.yaml", ["grpo.backend=local", *overrides])  # unchecked
+        cfg = load_config(ROOT / "configs" / f"{preset}.yaml", overrides)
         rows = len(orl.dataset_states(cfg, list(range(500))))
         assert _equal_work(openrlhf, _resized(preset_args, cfg), rows) == ok, overrides
         loaded, refused = loaded + ok, refused + (not ok)
     assert loaded and refused
+
+
+def test_the_pipeline_refuses_an_uneven_split_before_its_first_stage(tmp_path):
+    """The check runs before the index, RM and SFT stages (hours on a cluster), not at the GRPO stage."""
+    from ray_jobs.pipeline import run_pipeline
+
+    cfg = load_config(ROOT / "configs" / "paper-3b.yaml", ["grpo.batch_states=31", f"run.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="actor ranks"):
+        run_pipeline(cfg)
+    assert not any(tmp_path.iterdir())

@@ -194,9 +194,9 @@ def _job_cfg(out, reward_url: str, k: int, steps: int = 3):
 def _fit(cfg, reward_url):
     import ray
 
-    from ray_jobs.train_grpo import fit, train_states
     from rollout.pool import RolloutPool
     from trainer.learner import start_learner
+    from trainer.loop import fit, train_states
 
     learner, pool = start_learner(cfg), RolloutPool(cfg, None, reward_url)
     try:
@@ -211,9 +211,9 @@ def _plain_alternation(cfg, reward_url):
     """The synchronous loop the job ran before the learner became an actor: generate, update in this
     process, push; one thread, as the actor has."""
     from escrag.seeds import derive_seed
-    from ray_jobs.train_grpo import train_states
     from rollout.pool import RolloutPool
     from trainer.learner import Learner
+    from trainer.loop import train_states
     from trainer.sampler import StateSampler, total_steps
 
     threads = torch.get_num_threads()

@@ -236,7 +236,7 @@ def test_validation_on_held_out_states(ray_session, tmp_path, esconv_index):
     The job also leaves its placement plan (on this CPU cluster: every consumer on the CPU)."""
     from escrag.config import load_config
     from escrag.data import load_states
-    from ray_jobs.train_grpo import eval_states
+    from trainer.loop import eval_states
 
     out = tmp_path / "run"
     extra = ["rollout.rag=true", f"retriever.index_dir={esconv_index}", "retriever.k=2", "rollout.max_new_tokens_stage2=8",

@@ -2,7 +2,7 @@
 # One-GPU smoke of both training backends (issue 11), under 8 minutes, printing PASS/FAIL per part and
 # the step times:
 #   1. openrlhf: 2 GRPO steps of OpenRLHF's Ray trainer (vLLM engine, DeepSpeed actor and reference
-#      colocated on the GPU) driving rollout/openrlhf_agent.py, tiny random Qwen2 in bf16;
+#      colocated on the GPU) driving trainer/openrlhf/agent.py, tiny random Qwen2 in bf16;
 #   2. local: 2 steps of our own job with the vLLM rollout engine on the GPU.
 # Both use a 40-chunk ESConv index and the `length:8` rule reward server (real processes on loopback).
 #

@@ -14,7 +14,7 @@ How our numbers map (docs/cluster.md has the table): group-normalised advantages
 prompts per rollout and one optimizer step per pass over them (``train.batch_size`` = states x
 samples), the prompt file holding every step's batch (``grpo.epochs`` passes over the states, or
 ``grpo.steps`` batches) read as one episode, constant lr, AdamW betas (0.9, 0.999) like the local
-learner. The agent (``rollout/openrlhf_agent.py``) applies top-k, the stop string and the per-stage
+learner. The agent (``trainer/openrlhf/agent.py``) applies top-k, the stop string and the per-stage
 token caps, since OpenRLHF's sampling flags have none of them.
 
 Departures from the local backend (by design, named in docs/cluster.md and tests/test_openrlhf_objective.py):
@@ -38,8 +38,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from escrag.config import Config, ConfigError, check_rank_split, output_path
+from escrag.config import Config, ConfigError, output_path
 from escrag.errors import UserError
+from trainer.openrlhf.ranks import check_rank_split
 from trainer.placement import engines, plan_for
 
 OPENRLHF_VERSION = "0.11.2"  # the `cluster` extra pins the same version (a test checks)
@@ -82,7 +83,7 @@ def eval_prompts_path(cfg: Config) -> Path:
 
 def agent_path() -> str:
     """Absolute path of the agent module OpenRLHF loads by file (found without importing it)."""
-    return str(Path(importlib.util.find_spec("rollout.openrlhf_agent").origin).resolve())
+    return str(Path(importlib.util.find_spec("trainer.openrlhf.agent").origin).resolve())
 
 
 # ------------------------------------------------------------------------------ config -> argv
@@ -100,7 +101,7 @@ def check_config(cfg: Config) -> None:
     if o.colocate and engines(cfg) * o.vllm_tensor_parallel != gpus:
         raise ConfigError(f"openrlhf.vllm_engines: colocated, engines x tensor parallel must equal the "
                           f"{gpus} actor GPUs, got {engines(cfg)} x {o.vllm_tensor_parallel}")
-    check_rank_split(cfg)  # at load already when grpo.backend is openrlhf; --backend may choose it later
+    check_rank_split(cfg)  # the pipeline checks it before its first stage; --backend may choose it later
 
 
 def _placement(cfg: Config, vllm_gpu_memory: float) -> list[str]:
@@ -233,7 +234,7 @@ def _rows(cfg: Config, states: list, tokenizer, retriever_url: str | None, rewar
     """One JSONL row per state; fails when a stage-1 prompt leaves no room for both stages."""
     from tqdm import tqdm
 
-    from rollout.openrlhf_agent import episode_label, stage1_prompt
+    from trainer.openrlhf.agent import episode_label, stage1_prompt
 
     rows, longest = [], 0
     for state in tqdm(states, desc="prompt dataset", unit="state", file=sys.stderr):
@@ -358,3 +359,20 @@ def run(cmd: list[str], env: dict[str, str], log=print) -> int:
     check_argv(cmd[3:])
     log(f"[openrlhf] {one_line(cmd, env)}")
     return subprocess.run(cmd, env={**os.environ, **env}).returncode
+
+
+def prompt_tokenizer(cfg: Config, policy: str, given: str | None, log=print):
+    """The tokenizer ``--dry-run`` renders the prompt file with: ``--tokenizer``; else the policy's when
+    it is on this machine (the SFT folder, or ``policy.model`` as a folder or packaged model); else
+    SmolLM2's as an estimate (another chat template and token count than Qwen's: the run itself
+    rewrites the file with the policy's tokenizer). Hub names are never looked up."""
+    from escrag.models import load_tokenizer
+
+    if given:
+        return load_tokenizer(given)
+    for spec in (policy, cfg.policy.model):
+        if Path(spec).is_dir() or spec.startswith(("packaged:", "tiny-random:")):
+            return load_tokenizer(spec)
+    log(f"[dry-run] {policy} and {cfg.policy.model} are not on this machine: the prompt file is rendered with "
+        "SmolLM2's tokenizer as an estimate (--tokenizer SPEC to choose; the run rewrites it with the policy's)")
+    return load_tokenizer("packaged:smollm2-135m-instruct")

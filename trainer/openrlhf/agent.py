@@ -1,5 +1,5 @@
 """The two-stage RAG episode as OpenRLHF's multi-turn agent, loaded by file through
-``--train.agent_func_path`` (trainer/openrlhf_launch.py emits this file's path).
+``--train.agent_func_path`` (trainer/openrlhf/launch.py emits this file's path).
 
 Owns: ``TwoStageAgent`` (an ``AgentInstanceBase``), ``AgentExecutor`` (the ``MultiTurnAgentExecutor``
 subclass OpenRLHF's loader looks for), the prompt dataset's label (``episode_label``) and stage-1 text
