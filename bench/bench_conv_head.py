@@ -102,4 +102,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from escrag.runtime import tune_process
+
+    tune_process()
     raise SystemExit(main())

@@ -219,6 +219,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     from escrag.atomic import write_json
     from escrag.models import resolve_model
+    from escrag.runtime import tune_process
+
+    tune_process()  # after the TRL worker's branch: it inherits the spin count, as before, not our allocator
 
     model_path = resolve_model(a.model)
     prompts = make_prompts(model_path, a.prompts, a.prompt_len)

@@ -156,4 +156,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from escrag.runtime import tune_process
+
+    tune_process()
     main()

@@ -47,7 +47,11 @@ class Overloaded(EscragError, RuntimeError):
 
 def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     """Run ``fn`` and return its exit code; an ``EscragError`` prints ``prog: error: message`` and
-    returns its exit code (2 for the user's input), Ctrl-C returns 130, a closed pipe 0."""
+    returns its exit code (2 for the user's input), Ctrl-C returns 130, a closed pipe 0. The process is
+    tuned first (``escrag.runtime.tune_process``): every job, server and command runs through here."""
+    from escrag.runtime import tune_process
+
+    tune_process()
     try:
         return int(fn() or 0)
     except EscragError as exc:

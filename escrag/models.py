@@ -55,7 +55,11 @@ def offline_env() -> None:
 def actor_env() -> None:
     """``offline_env`` for a Ray actor, without transformers' weight-loading progress bars: Ray
     forwards an actor's output to the driver late and interleaved, where a bar is noise that can
-    land after the job's last line."""
+    land after the job's last line. The actor's process is tuned as a job's is
+    (``escrag.runtime.tune_process``)."""
+    from escrag.runtime import tune_process
+
+    tune_process()
     offline_env()
     from transformers.utils import logging as hf_logging
 

@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from escrag.web.procs import ServerProcess, free_port  # noqa: F401  (free_port: used by tests)
+from escrag.runtime import tune_process
+
+tune_process()  # before torch loads in this process, as a job's entry point does (escrag.runtime)
+
+from escrag.web.procs import ServerProcess, free_port  # noqa: E402, F401  (free_port: used by tests)
 
 ROOT = Path(__file__).resolve().parent.parent
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `TEST_WORKERS=N make test`: N workers share the cores, so each torch

@@ -1,4 +1,4 @@
-"""Importing ``escrag`` keeps freed memory in the process (escrag/__init__.py): a pass of large tensors,
+"""``escrag.runtime.tune_process()`` keeps freed memory in the process: a pass of large tensors,
 freed and made again, reuses pages already faulted in. glibc's defaults map a large tensor freshly and
 unmap it when freed; its dynamic mmap threshold rises as mapped chunks are freed, but never above
 32 MiB, so a tensor larger than that (a batch's logits, say) is faulted in afresh on every pass for good.
@@ -25,7 +25,9 @@ SIZES = (2**18, 2**20, 3 * 2**19, 2**22, 2**21, 2**23, 2**20, 5 * 2**20, 2**24, 
 ABOVE_GLIBC_CEILING = (2**24 + 3 * 2**22) * 4 // 4096  # pages of the two tensors over 32 MiB
 PROBE = f"""
 import json, resource
-import escrag, torch
+from escrag.runtime import tune_process
+applied = tune_process()
+import torch
 torch.set_num_threads(1)
 
 def one_pass():  # a forward/backward's worth of activations: large tensors alive together, then freed
@@ -37,7 +39,7 @@ for _ in range(3):  # faulted in either way while the heap (or glibc's threshold
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
     one_pass()
-print(json.dumps({{"applied": escrag.KEEPS_FREED_MEMORY,
+print(json.dumps({{"applied": applied,
                   "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}}))
 """
 

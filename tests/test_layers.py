@@ -259,13 +259,23 @@ def test_the_checker_catches_violations_and_cycles(tmp_path):
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_escrag_sets_a_short_openmp_spin_before_torch_loads():
+def test_importing_escrag_changes_nothing_and_tune_process_sets_the_spin_before_torch_loads():
+    """``import escrag`` (and its config, models and CLI modules) leaves the environment and glibc alone;
+    ``escrag.runtime.tune_process()`` sets ``GOMP_SPINCOUNT`` unless the user set one, and a job's
+    entry point (``run_main``) calls it before torch loads."""
     import subprocess
     import sys
 
-    code = "import escrag, os, torch; print(os.environ['GOMP_SPINCOUNT'])"
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
-    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip() == "20000"
-    assert subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "7"}, capture_output=True,
-                          text=True, check=True).stdout.strip() == "7"  # the user's value stays
+
+    def run(code, **extra):
+        return subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert run("import os, escrag, escrag.config, escrag.models, escrag.cli; "
+               "print(os.environ.get('GOMP_SPINCOUNT'))") == "None"
+    tuned = "import os; from escrag.runtime import tune_process; tune_process(); import torch; "
+    assert run(tuned + "print(os.environ['GOMP_SPINCOUNT'])") == "20000"
+    assert run(tuned + "print(os.environ['GOMP_SPINCOUNT'])", GOMP_SPINCOUNT="7") == "7"  # the user's value stays
+    assert run("import os, sys; from escrag.errors import run_main; "
+               "run_main('t', lambda: print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules))") == "20000 False"
