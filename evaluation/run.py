@@ -30,7 +30,6 @@ import json
 from pathlib import Path
 
 import yaml
-from tqdm import tqdm
 
 from escrag.atomic import atomic_file, write_json
 from escrag.cache import JsonlCache
@@ -38,6 +37,7 @@ from escrag.config import Config, load_config, to_dict
 from escrag.errors import UserError
 from escrag.llm.endpoint import CallLog, ChatEndpoint, EndpointError
 from escrag.llm.judge import Judge
+from escrag.progress import progress_bar
 from escrag.safety.classifier import RiskClassifier
 from escrag.safety.types import level_counts, with_answer
 from escrag.seeds import derive_seed
@@ -46,10 +46,10 @@ from evaluation.states import sample_states, write_states
 
 
 class Progress:
-    """A tqdm bar whose postfix shows the calls made and their cost so far."""
+    """A progress bar whose postfix shows the calls made and their cost so far."""
 
     def __init__(self, total: int, desc: str, log: CallLog):
-        self.bar = tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True)
+        self.bar = progress_bar(total=total, desc=desc, unit="item", dynamic_ncols=True)
         self.log = log
 
     def step(self) -> None:

@@ -17,9 +17,9 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from escrag.atomic import atomic_file
+from escrag.progress import progress_bar
 
 SHARD_ROWS = 256
 
@@ -76,7 +76,7 @@ def cached_features(backbone, seqs: list[list[int]], cache: FeatureCache, batch_
     keys = [cache.key(s) for s in seqs]
     have = cache.get(keys)
     todo = sorted({k: s for k, s in zip(keys, seqs) if k not in have}.items(), key=lambda kv: len(kv[1]))
-    with tqdm(total=len(todo), desc=desc, unit="seq", disable=not todo) as bar:
+    with progress_bar(total=len(todo), desc=desc, unit="seq", disable=not todo) as bar:
         for start in range(0, len(todo), SHARD_ROWS):
             chunk = todo[start:start + SHARD_ROWS]
             feats = []

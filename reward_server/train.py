@@ -29,12 +29,11 @@ import random
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from escrag.atomic import write_json
 from escrag.config import load_config
 from escrag.errors import UserError
 from escrag.pairs import PreferencePair, load_pairs, refuse_split
+from escrag.progress import progress_bar
 
 
 def rm_loss(r_pos, r_neg, center_coef: float):
@@ -85,7 +84,7 @@ def fit_head(train: tuple, held: tuple, rc, seed: int, log=print):
     gen = torch.Generator().manual_seed(seed)
     raw = lambda: (w.detach() / std, float(b.detach() - (w.detach() / std) @ mean))  # noqa: E731
     history = []
-    with tqdm(total=rc.epochs * steps_per_epoch, desc="reward head", unit="step") as bar:
+    with progress_bar(total=rc.epochs * steps_per_epoch, desc="reward head", unit="step") as bar:
         for epoch in range(1, rc.epochs + 1):
             order, losses = torch.randperm(len(x_pos), generator=gen), []
             for start in range(0, len(order), step_pairs):

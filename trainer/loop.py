@@ -190,8 +190,7 @@ def _step(step: int, ahead: Lookahead, pool, learner, restarts, since: float) ->
 def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=print, restarts=dict) -> dict:
     """The loop of Algorithm 1 (training part) with ``learner`` a ``LearnerActor`` handle; returns a
     summary with the metrics rows' path. ``restarts()`` reports the job's service restarts."""
-    from tqdm import tqdm
-
+    from escrag.progress import progress_bar
     from trainer.metrics import MetricsLog, StepLog
 
     g = cfg.grpo
@@ -203,7 +202,7 @@ def fit(cfg: Config, pool, learner, states: list, resume: bool = False, log=prin
     samples = StepLog(output_path(cfg, "samples.jsonl"), resume_step) if g.log_samples else None
     ahead, position = Lookahead(cfg, pool, states, sampler, start, steps), sampler.state_dict()
     held_out = eval_states(cfg)
-    bar = tqdm(range(start, steps), desc="grpo", unit="step", file=sys.stderr, initial=start, total=steps)
+    bar = progress_bar(range(start, steps), desc="grpo", unit="step", file=sys.stderr, initial=start, total=steps)
     since = time.perf_counter()
     try:
         for step in bar:

@@ -125,8 +125,8 @@ def train_sft(cfg: Config, data: str | None = None, out: str | Path | None = Non
     returns a summary {"path", "examples", "steps", "losses", "seconds"}. ``examples(tokenizer) ->
     ([(input_ids, labels)], source)`` replaces the demonstrations (the mechanism task's two stages)."""
     import torch
-    from tqdm import tqdm
 
+    from escrag.progress import progress_bar
     from trainer.policy import build_policy, compute, save_merged
 
     sc = cfg.sft
@@ -145,7 +145,7 @@ def train_sft(cfg: Config, data: str | None = None, out: str | Path | None = Non
     rng, order, losses, t0 = random.Random(cfg.run.seed), [], [], time.time()
     log(f"[sft] {len(encoded)} demonstrations from {source}; {total} steps of {per_step} "
         f"({'LoRA' if cfg.policy.lora.enabled else 'full'} fine-tuning of {cfg.policy.model})")
-    for _ in tqdm(range(total), desc="sft", unit="step", file=sys.stderr):
+    for _ in progress_bar(range(total), desc="sft", unit="step", file=sys.stderr):
         opt.zero_grad(set_to_none=True)
         if len(order) < per_step:
             order += rng.sample(range(len(encoded)), len(encoded))

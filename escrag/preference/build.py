@@ -51,8 +51,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from string import Template
 
-from tqdm import tqdm
-
 from escrag.atomic import write_json
 from escrag.cache import JsonlCache, content_key
 from escrag.config import Config, ConfigError, EndpointConfig, load_config
@@ -62,6 +60,7 @@ from escrag.llm import templates
 from escrag.llm.endpoint import CallLog, ChatEndpoint, ChatResult, EndpointError
 from escrag.llm.judge import Judge, parse_json_object
 from escrag.pairs import METRICS, PreferencePair, write_pairs
+from escrag.progress import progress_bar
 from escrag.prompts import transcript
 from escrag.seeds import derive_seed
 
@@ -587,7 +586,7 @@ async def _outcome(builder: Builder, w: Work) -> dict:
 async def run_states(builder: Builder, works: list[Work], ledger: Ledger, endpoints: list[ChatEndpoint]) -> dict:
     """Every state's outcome, ``prefs.concurrency`` states at a time, under a progress bar."""
     slots, outcomes = asyncio.Semaphore(builder.pc.concurrency), {}
-    ledger.bar = tqdm(total=len(works), desc="ESC-Preference", unit="state", dynamic_ncols=True)
+    ledger.bar = progress_bar(total=len(works), desc="ESC-Preference", unit="state", dynamic_ncols=True)
 
     async def one(w: Work) -> None:
         async with slots:

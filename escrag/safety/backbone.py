@@ -78,17 +78,17 @@ class Backbone:
 
     def features(self, histories: list[list[dict]], progress: str | None = None) -> np.ndarray:
         """``progress``: a progress bar with this label (for long passes)."""
-        from tqdm import tqdm
+        from escrag.progress import progress_bar
 
         texts = [render(h) for h in histories]
         out = [None] * len(texts)
         families = self._families(self.tok(texts)["input_ids"]) if self.share else []
-        for ids, idx in tqdm(families, desc=progress, unit="family", disable=progress is None):
+        for ids, idx in progress_bar(families, desc=progress, unit="family", disable=progress is None):
             for i, row in zip(idx, self._shared_forward(ids)):
                 out[i] = row
         alone = [i for i, row in enumerate(out) if row is None]
-        for batch in tqdm(self._batches([len(texts[i]) for i in alone]), desc=progress, unit="batch",
-                          disable=progress is None):
+        for batch in progress_bar(self._batches([len(texts[i]) for i in alone]), desc=progress, unit="batch",
+                                  disable=progress is None):
             idx = [alone[b] for b in batch]
             for i, row in zip(idx, self._forward([texts[i] for i in idx])):
                 out[i] = row

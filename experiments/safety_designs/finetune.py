@@ -108,7 +108,8 @@ def main() -> int:
     p.add_argument("--max-cases", type=int, default=None, help="fit on the first N (a smoke run)")
     args = p.parse_args()
     import torch
-    from tqdm import tqdm
+
+    from escrag.progress import progress_bar
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -128,7 +129,7 @@ def main() -> int:
     for epoch in range(1, args.epochs + 1):
         model.lm.train()
         losses = []
-        for b in tqdm(batches(fit, args.batch, rng), desc=f"epoch {epoch}", unit="batch"):
+        for b in progress_bar(batches(fit, args.batch, rng), desc=f"epoch {epoch}", unit="batch"):
             y = torch.tensor([label_of[id(c)] for c in b])
             loss = torch.nn.functional.cross_entropy(model.logits([c["messages"] for c in b]), y, weight=weight)
             opt.zero_grad()

@@ -232,12 +232,11 @@ def dataset_states(cfg: Config, states: list, scheme: int | None = None) -> list
 
 def _rows(cfg: Config, states: list, tokenizer, retriever_url: str | None, reward_url: str) -> list[str]:
     """One JSONL row per state; fails when a stage-1 prompt leaves no room for both stages."""
-    from tqdm import tqdm
-
+    from escrag.progress import progress_bar
     from trainer.openrlhf.agent import episode_label, stage1_prompt
 
     rows, longest = [], 0
-    for state in tqdm(states, desc="prompt dataset", unit="state", file=sys.stderr):
+    for state in progress_bar(states, desc="prompt dataset", unit="state", file=sys.stderr):
         text = stage1_prompt(tokenizer, state.history, cfg)
         longest = max(longest, len(tokenizer(text, add_special_tokens=False).input_ids))
         rows.append(json.dumps({INPUT_KEY: text, LABEL_KEY: episode_label(state, cfg, retriever_url, reward_url)}))
