@@ -190,7 +190,7 @@ def _config(sub) -> None:
                    help="YAML preset (configs/*.yaml); default: the built-in defaults")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. -o grpo.lr=2e-6 (repeatable)")
-    p.set_defaults(func=_lazy("escrag.config:show_main"))
+    p.set_defaults(func=_lazy("escrag.config.show:show_main"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -242,3 +242,12 @@ def cache_kwarg(decoder) -> str:
     import inspect
 
     return "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else "past_key_values"
+
+
+def resolve_auto_dtype(dtype: str, device: str) -> str:
+    """``auto`` -> bfloat16 where it is fast on ``device`` (a GPU, a CPU with AMX / AVX512-BF16), else
+    float32 (an AVX2 CPU has no bfloat16 GEMM: emulated, ``escrag.bf16cpu``, at float32's speed at
+    best); another dtype is kept."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if fast_bfloat16(resolve_device(device)) else "float32"

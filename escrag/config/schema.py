@@ -1,32 +1,27 @@
-"""Typed configuration: ``configs/*.yaml`` -> nested pydantic dataclasses, validated at load.
+"""The config schema: every section of ``configs/*.yaml`` as a nested pydantic dataclass.
 
 Owns: every tunable number of the project (the one source of truth; modules take these objects or
-values passed from them, not loose defaults that repeat them), each key's help text
-(``Field(description=...)``, printed by ``escrag config show``), and the strict loader: an unknown
-key, a wrong type or an out-of-range value raises ``ConfigError`` naming the key path
-(``grpo.clip_eps: must be <= 1, got 3.0``).
+values passed from them, not loose defaults that repeat them) and each key's help text
+(``Field(description=...)``, printed by ``escrag config show``), with its range and choices. Loading and
+the key-path messages are ``escrag.config.load``; the run-folder layout is ``escrag.config.paths``.
 
 Defaults are Table 4 of the paper where it gives a value; ``configs/`` holds the presets. Pydantic does
 the validation (``extra="forbid"``, ``Field`` ranges, ``Literal`` choices, and the scalar rules of
-``Int``/``Float``/``Bool``/``Str`` below); this module only turns its errors into key-path messages.
-The sections stay real dataclasses: ``dataclasses.replace`` validates the new values too.
+``Int``/``Float``/``Bool``/``Str`` below). The sections stay real dataclasses: ``dataclasses.replace``
+validates the new values too. ``auto`` dtypes are resolved when a section is built
+(``escrag.models.resolve_auto_dtype``: a GPU, or a CPU with AMX / AVX512-BF16, gets bfloat16).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
-import types
-import typing
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, Strict
 from pydantic.dataclasses import dataclass
 
 from escrag.errors import UserError
+from escrag.models import resolve_auto_dtype
 
 
 class ConfigError(UserError):
@@ -52,17 +47,6 @@ Str = Annotated[str, Strict()]
 Key = Annotated[str, BeforeValidator(str)]  # a mapping's key: YAML reads ``3:`` as an int
 
 section = dataclass(config=ConfigDict(extra="forbid"))
-
-
-def resolve_auto_dtype(dtype: str, device: str) -> str:
-    """``auto`` -> bfloat16 where it is fast on ``device`` (a GPU, a CPU with AMX / AVX512-BF16), else
-    float32 (an AVX2 CPU has no bfloat16 GEMM: emulated, ``escrag.bf16cpu``, at float32's speed at
-    best); another dtype is kept."""
-    if dtype != "auto":
-        return dtype
-    from escrag.models import fast_bfloat16, resolve_device
-
-    return "bfloat16" if fast_bfloat16(resolve_device(device)) else "float32"
 
 
 def option(default, doc: str, **constraints):
@@ -560,170 +544,3 @@ class Config:
     prefs: PrefsConfig = subsection(PrefsConfig, "ESC-Preference construction (escrag prefs build)")
 
 
-# --------------------------------------------------------------------------- loading
-
-_ADAPTERS: dict[type, TypeAdapter] = {}
-_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
-           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
-_SCALARS = {"int_type": "int", "float_type": "float", "bool_type": "bool", "string_type": "str"}
-_UNKNOWN = ("unexpected_keyword_argument", "extra_forbidden")
-
-
-def _key_path(loc: tuple) -> str:
-    """pydantic's ``loc`` as the key path: ``("eval", "systems", 0, "k")`` -> ``eval.systems[0].k``."""
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
-def _strip_optional(tp):
-    """``X | None`` -> ``X``; anything else as it is."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return next(a for a in typing.get_args(tp) if a is not type(None))
-    return tp
-
-
-def _type_at(loc: tuple, schema: type):
-    """The annotation (Optional and Annotated stripped) of the value at ``loc`` under ``schema``."""
-    tp = schema
-    for part in loc:
-        if dataclasses.is_dataclass(tp):
-            tp = _strip_optional(typing.get_type_hints(tp)[part])
-        else:  # a list's item or a mapping's value
-            tp = _strip_optional(typing.get_args(tp)[-1])
-    return tp
-
-
-def _message(err: dict, schema: type) -> str:
-    """One pydantic error as ``key.path: what is wrong, got what``."""
-    loc, kind, value, ctx = err["loc"], err["type"], err.get("input"), err.get("ctx") or {}
-    path = _key_path(loc)
-    if isinstance(ctx.get("error"), ConfigError):  # a rule across sections (Config.__post_init__) names its keys
-        return str(ctx["error"])
-    if kind in _UNKNOWN:
-        known = ", ".join(sorted(f.name for f in dataclasses.fields(_type_at(loc[:-1], schema))))
-        return f"{path}: unknown key (known: {known})"
-    if kind in _BOUNDS:
-        key, sym = _BOUNDS[kind]
-        return f"{path}: must be {sym} {ctx[key]}, got {value!r}"
-    if kind == "literal_error":
-        return f"{path}: must be one of {list(typing.get_args(_type_at(loc, schema)))}, got {value!r}"
-    if kind in _SCALARS:
-        return f"{path}: expected {_SCALARS[kind]}, got {type(value).__name__} {value!r}"
-    if kind in ("dataclass_type", "dataclass_exact_type", "dict_type"):
-        return f"{path}: expected a mapping, got {type(value).__name__}"
-    if kind == "list_type":
-        return f"{path}: expected a list, got {type(value).__name__}"
-    return f"{path}: {err['msg']}"
-
-
-def _set_path(tree: dict, dotted: str, value) -> None:
-    *parents, leaf = dotted.split(".")
-    for p in parents:
-        tree = tree.setdefault(p, {})
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{dotted}: {p} is not a section")
-    tree[leaf] = value
-
-
-def from_dict(data: dict, overrides: list[str] = (), schema: type = Config) -> Config:
-    """Build a Config from a mapping plus ``key.path=value`` overrides (values parsed as YAML).
-    ``schema``: ``Config`` or a subclass of it with sections of its own (an experiment's)."""
-    data = copy.deepcopy(dict(data or {}))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"{item}: override must look like section.key=value")
-        key, raw = item.split("=", 1)
-        _set_path(data, key.strip(), yaml.safe_load(raw))
-    try:
-        return _ADAPTERS.setdefault(schema, TypeAdapter(schema)).validate_python(data)
-    except ValidationError as exc:
-        errors = exc.errors()  # one message, like a hand-written loader: an unknown key first (a typo)
-        raise ConfigError(_message(next((e for e in errors if e["type"] in _UNKNOWN), errors[0]), schema)) from None
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] = (), schema: type = Config) -> Config:
-    """Load a YAML preset (None: all defaults) and apply overrides; errors name file and key."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: top level must be a mapping")
-    try:
-        return from_dict(data, overrides, schema)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
-
-
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
-
-
-def output_path(cfg: Config, *parts: str) -> Path:
-    """A path under ``run.output_dir``."""
-    return Path(cfg.run.output_dir, *parts)
-
-
-# --------------------------------------------------------------------------- escrag config show
-
-
-def _sections_in(value) -> list[tuple[str, Any]]:
-    """(path suffix, section) of each item of a non-empty list or mapping of sections, else []."""
-    if isinstance(value, dict):
-        items = [(f".{k}", v) for k, v in value.items()]
-    elif isinstance(value, list):
-        items = [(f"[{i}]", v) for i, v in enumerate(value)]
-    else:
-        return []
-    return items if items and all(dataclasses.is_dataclass(v) for _, v in items) else []
-
-
-def describe(section, prefix: str = "") -> list[str]:
-    """``key.path: value  # help`` lines of a config (or one section); a section opens with ``# path: help``."""
-    lines = []
-    for f in dataclasses.fields(section):
-        value, path = getattr(section, f.name), f"{prefix}{f.name}"
-        doc = type(section).__pydantic_fields__[f.name].description
-        if dataclasses.is_dataclass(value):
-            lines += [f"# {path}: {doc}", *describe(value, f"{path}.")]
-        elif subs := _sections_in(value):
-            for suffix, item in subs:
-                lines += [f"# {path}{suffix}: {doc}", *describe(item, f"{path}{suffix}.")]
-        else:
-            lines.append(f"{path}: {json.dumps(value, ensure_ascii=False)}  # {doc}")
-    return lines
-
-
-def show_main(args) -> int:
-    """Handler of ``escrag config show``: the resolved config, each key with its help text."""
-    cfg = load_config(args.file, args.override)
-    print(f"# {args.file or 'defaults'}" + "".join(f" -o {o}" for o in args.override))
-    print("\n".join(describe(cfg)))
-    return 0
-
-
-@dataclasses.dataclass(frozen=True)
-class RunPaths:
-    """Where every stage reads and writes by default: the one place these paths are spelt."""
-
-    index: Path  # retriever.index_dir, else <output_dir>/index
-    pairs: Path  # reward.pairs, else <output_dir>/prefs/silver_pairs.jsonl (bootstrapped)
-    rm: Path  # reward.head_dir, else <output_dir>/rm
-    sft: Path  # <output_dir>/sft: the cold-start policy
-    grpo: Path  # <output_dir>/grpo: the GRPO run of the pipeline (metrics, checkpoints, policy/)
-    manifest: Path  # <output_dir>/pipeline.json: finished stages and their config keys
-
-
-def run_paths(cfg: Config) -> RunPaths:
-    root = Path(cfg.run.output_dir)
-    return RunPaths(index=Path(cfg.retriever.index_dir) if cfg.retriever.index_dir else root / "index",
-                    pairs=Path(cfg.reward.pairs) if cfg.reward.pairs else root / "prefs" / "silver_pairs.jsonl",
-                    rm=Path(cfg.reward.head_dir) if cfg.reward.head_dir else root / "rm",
-                    sft=root / "sft", grpo=root / "grpo", manifest=root / "pipeline.json")
