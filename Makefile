@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-all lint bench clean
+.PHONY: install demo test test-unit test-all browser lint bench clean
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -45,11 +45,23 @@ demo: install
 # one, beside another job, 1,380 s against 1,354 (README, Development). TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
-test: install
+# The tiers (pyproject's markers): unit (pure functions, tiny models; at most 3 minutes), integration
+# (servers, Ray, jobs), gpu (tests/gpu/, skipped without CUDA), vllm (make test-vllm). `make test` is what
+# CI runs: every tier this machine can run, the slow tests aside.
+test: install browser
 	@$(PY) -m pytest -q -m "not slow" $(XDIST) tests
 
-test-all: install
+test-unit: install
+	@$(PY) -m pytest -q -m "unit and not slow" $(XDIST) tests
+
+test-all: install browser
 	@$(PY) -m pytest -q $(XDIST) tests
+
+# Debian's chromium for the human-study page test (tests/test_human.py skips without it); as root only
+browser:
+	@test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || { echo "installing Debian's chromium (tests/test_human.py)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done

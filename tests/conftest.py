@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,19 @@ def _ray_tests(path: str) -> frozenset[str] | None:
         return None
     shared = set().union(*(uses[t] for t in ray)) & fixtures
     return frozenset(ray | {t for t, c in uses.items() if c & shared})
+
+
+TIERS = ("unit", "gpu", "vllm")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tiers (pyproject's markers): a test under tests/gpu/ is ``gpu``; a module marks itself
+    ``unit`` or ``vllm``; every other test is ``integration``."""
+    for item in items:
+        if "gpu" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.gpu)
+        elif not any(item.get_closest_marker(t) for t in TIERS):
+            item.add_marker(pytest.mark.integration)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -193,6 +207,27 @@ def ray_session(tmp_path_factory):
     finally:
         ray.shutdown()
         _stop(proc)
+
+
+@contextmanager
+def serving(tmp: Path, index: Path | None = None, rule: str | None = None, timeout: float = 180):
+    """A retriever over ``index`` and/or a reward server with ``rule``, each a real ``escrag serve``
+    process on a loopback port; yields {"retriever": url, "reward": url} once both answer /health and
+    stops both on exit. The rollout, agent and learner tests' module fixtures start theirs with it."""
+    procs = ([ServerProcess("retriever", ["retriever", "--index", str(index)], tmp, None)] if index else []) + \
+            ([ServerProcess("reward", ["reward", "--rule", rule], tmp, None)] if rule else [])
+    try:
+        yield {p.name: p.wait(timeout).url for p in procs}
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@pytest.fixture(scope="module")
+def vowels_server(tmp_path_factory) -> str:
+    """A reward server with the ``vowels`` rule (a signal a tiny random model can climb), per module."""
+    with serving(tmp_path_factory.mktemp("rm"), rule="vowels") as urls:
+        yield urls["reward"]
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import pytest
 from escrag.config import RewardConfig
 from escrag.web.batching import MicroBatcher, QueueFull
 
+pytestmark = pytest.mark.unit
+
 
 def test_concurrent_requests_are_coalesced_in_order():
     calls = []

@@ -13,6 +13,8 @@ import torch
 from escrag.bf16cpu import EmulatedBF16Linear, emulate_bf16_linears
 from escrag.models import fast_bfloat16, load_causal_lm
 
+pytestmark = pytest.mark.unit
+
 IDS = torch.tensor([[1, 504, 2088, 314, 253, 1345, 28, 940], [1, 9519, 28, 940, 446, 2, 504, 2088]])
 
 

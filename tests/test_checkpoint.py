@@ -12,6 +12,8 @@ import torch
 
 from trainer.checkpoint import CheckpointError, load_latest, save_checkpoint
 
+pytestmark = pytest.mark.unit
+
 
 def _learner_state():
     w = torch.nn.Parameter(torch.randn(3, 2))

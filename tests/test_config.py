@@ -11,6 +11,8 @@ import pytest
 
 from escrag.config import Config, ConfigError, GrpoConfig, from_dict, load_config, to_dict
 
+pytestmark = pytest.mark.unit
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from escrag.data import DataError, load_dialogues, load_states, merge_turns, split_stats
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("split,count", [("train", 910), ("valid", 195), ("test", 195)])
 def test_split_sizes_match_paper(split, count):

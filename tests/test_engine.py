@@ -16,6 +16,8 @@ from escrag.sampling import sample
 from rollout.engines.base import EngineScheduler, SamplingParams, StaleWeightsError
 from rollout.engines.hf_engine import HFEngine
 
+pytestmark = pytest.mark.unit
+
 
 def params(n, temperature, top_p=1.0, top_k=0, stop_strings=()):
     return SamplingParams(n, temperature, top_p, top_k, stop_strings)

@@ -17,6 +17,8 @@ from evaluation.human import fleiss_kappa, majority, outcome
 from evaluation.proxy import copies, distinct_n
 from evaluation.tables import bootstrap_ci, rows_csv, score_rows, table1_markdown, table2_markdown
 
+pytestmark = pytest.mark.unit
+
 
 def test_bootstrap_interval_covers_the_mean_at_about_the_nominal_rate():
     rng = np.random.default_rng(0)

@@ -5,6 +5,8 @@ import pytest
 
 from escrag.formats import format_reward, format_rewards, parse_output, reply_text, response_text
 
+pytestmark = pytest.mark.unit
+
 GOOD = [
     "<think>She feels anxious.</think><response>That sounds really hard.</response>",
     "  \n<think>a</think>\n\n<response>b</response>\n ",

@@ -16,6 +16,8 @@ import torch
 from escrag.config import GrpoConfig
 from trainer.grpo import group_advantages, k3_kl, policy_loss
 
+pytestmark = pytest.mark.unit
+
 G = GrpoConfig()  # the config's defaults, passed explicitly where a test does not vary them
 
 

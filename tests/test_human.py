@@ -1,6 +1,6 @@
 """The blind pairwise human study end to end: ``escrag eval export-human`` writes pairs.csv and form.html
 without system names (both A/B orders occur, the key lies apart in the run folder); the form is opened
-in headless Chromium (Debian's ``chromium``, installed by a session fixture when missing) driven over
+in headless Chromium (Debian's ``chromium``, installed by ``make test`` through ``make browser``) driven over
 the DevTools protocol on a pipe, filled by two annotators and saved (a Blob download); a third
 annotator fills pairs.csv; ``escrag eval import-human`` reads the three files back through the key and
 its win/tie/loss counts and Fleiss' kappa equal the ones computed from the planned choices; bad files
@@ -30,12 +30,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    """Debian's chromium, installed with apt-get when missing (CI runs as root on a fresh machine)."""
+    """Debian's chromium, which ``make test`` installs (``make browser``); without it the test skips."""
     if not Path(CHROMIUM).exists():
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update"], check=True, env=env, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "chromium"], check=True, env=env, capture_output=True)
-    assert Path(CHROMIUM).exists(), "apt-get install chromium did not provide /usr/bin/chromium"
+        pytest.skip(f"{CHROMIUM} missing: `make browser` installs Debian's chromium (as root)")
     return CHROMIUM
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("escrag", "reward_server", "retriever_server", "rollout", "trainer", "evaluation", "ray_jobs", "bench",
             "experiments")

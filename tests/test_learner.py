@@ -19,6 +19,8 @@ from rollout.episode import record
 from trainer.learner import Learner, recompute_old
 from trainer.policy import compute
 
+pytestmark = pytest.mark.unit
+
 PROMPTS = [[1, 504, 2088, 314, 253, 1345], [1, 9519, 28, 940, 446, 2], [1, 77, 78, 79]]
 
 

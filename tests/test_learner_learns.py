@@ -8,7 +8,6 @@ setting where the signal is dense; the retrieval path is exercised by the job te
 here.
 Run: .venv/bin/python -m pytest -q tests/test_learner_learns.py   (~90 s on 2 shared cores, ~55 s CPU)"""
 
-import pytest
 
 from escrag.config import load_config
 from trainer.metrics import read_metrics
@@ -37,16 +36,6 @@ def _run(tmp_path, reward_url: str, lr: float) -> list[float]:
         pool.shutdown()
         ray.kill(learner)
     return [r["reward_mean"] for r in read_metrics(summary["metrics"])]
-
-
-@pytest.fixture(scope="module")
-def vowels_server(tmp_path_factory):
-    """A real reward server process (module-scoped so both runs share it)."""
-    from escrag.web.procs import ServerProcess
-
-    server = ServerProcess("reward", ["reward", "--rule", "vowels"], tmp_path_factory.mktemp("rm"))
-    yield server.url
-    server.stop()
 
 
 def test_mean_reward_rises_with_learning_and_not_without(ray_session, vowels_server, tmp_path):

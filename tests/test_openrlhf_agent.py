@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import serving
 
 pytest.importorskip("openrlhf.utils.agent", reason="make install adds the no-deps OpenRLHF these tests use")
 
 from escrag.config import ConfigError, RolloutConfig, load_config  # noqa: E402
 from escrag.data import load_states  # noqa: E402
 from escrag.seeds import derive_seed  # noqa: E402
-from escrag.web.procs import ServerProcess  # noqa: E402
 from retriever_server.client import RetrieverClient  # noqa: E402
 from reward_server.client import RewardClient  # noqa: E402
 from rollout import episode  # noqa: E402
@@ -40,13 +40,8 @@ OVERRIDES = ["rollout.group_size=3", "rollout.temperature=1.0", "rollout.top_k=0
 def servers(tmp_path_factory, esconv_index):
     """A retriever over a 40-chunk ESConv-train index and the rule reward server (real processes)."""
     tmp = tmp_path_factory.mktemp("openrlhf-agent-servers")
-    procs = [ServerProcess("retriever", ["retriever", "--index", str(esconv_index)], tmp, None),
-             ServerProcess("reward", ["reward", "--rule", RULE], tmp, None)]
-    try:
-        yield {p.name: p.wait(180).url for p in procs}
-    finally:
-        for p in procs:
-            p.stop()
+    with serving(tmp, esconv_index, RULE) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")

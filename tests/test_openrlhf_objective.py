@@ -24,6 +24,8 @@ from escrag.config import load_config
 from trainer.grpo import policy_loss
 from trainer.openrlhf.launch import build_argv, check_argv
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("openrlhf", reason="make install adds the no-deps OpenRLHF these tests read")
 MODELS = Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0]) / "models"

@@ -27,6 +27,8 @@ import pytest
 
 from escrag.config import ConfigError, load_config
 
+pytestmark = pytest.mark.unit
+
 pytest.importorskip("openrlhf", reason="make install adds the no-deps OpenRLHF these tests read")
 from trainer.openrlhf import launch as orl  # noqa: E402
 from trainer.openrlhf.ranks import check_rank_split  # noqa: E402

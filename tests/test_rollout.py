@@ -20,11 +20,11 @@ import time
 
 import pytest
 import torch
+from conftest import serving
 
 from escrag.config import load_config
 from escrag.data import load_states
 from escrag.formats import format_reward, response_text
-from escrag.web.procs import ServerProcess
 from retriever_server.client import RetrieverClient
 from reward_server.client import RewardClient
 from reward_server.rules import parse_rule
@@ -44,13 +44,8 @@ def servers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rollout-servers")
     subprocess.run([sys.executable, "-m", "escrag", "index", "build", "--source", "esconv", "--out",
                     str(tmp / "index"), "--limit", "40", "-o", "data.train=valid"], check=True, capture_output=True)
-    servers = [ServerProcess("retriever", ["retriever", "--index", str(tmp / "index")], tmp, None),
-               ServerProcess("reward", ["reward", "--rule", RULE], tmp, None)]
-    try:
-        yield {s.name: s.wait(180).url for s in servers}
-    finally:
-        for s in servers:
-            s.stop()
+    with serving(tmp, tmp / "index", RULE) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ import pytest
 from escrag.seeds import derive_seed
 from trainer.sampler import StateSampler
 
+pytestmark = pytest.mark.unit
+
 N, BATCH, SEED = 7, 3, 5
 
 

@@ -15,6 +15,8 @@ import torch
 from escrag import sampling
 from escrag.sampling import WIDE, sample, token_logprobs, uniforms
 
+pytestmark = pytest.mark.unit
+
 VOCAB = 49152  # SmolLM2's
 
 

@@ -15,6 +15,8 @@ from escrag.errors import UserError
 from escrag.formats import parse_output
 from trainer.sft import bootstrap_demonstrations, encode, load_demonstrations, train_sft
 
+pytestmark = pytest.mark.unit
+
 
 def test_bootstrapped_demonstrations_are_well_formed():
     states = load_states("train")[:200]

@@ -171,15 +171,6 @@ def test_a_group_older_than_k_versions_is_never_trained(ray_session, tiny_model)
 # ----------------------------------------------------------------------------- the job's loop
 
 
-@pytest.fixture(scope="module")
-def vowels_server(tmp_path_factory):
-    from escrag.web.procs import ServerProcess
-
-    server = ServerProcess("reward", ["reward", "--rule", "vowels"], tmp_path_factory.mktemp("rm"))
-    yield server.url
-    server.stop()
-
-
 def _job_cfg(out, reward_url: str, k: int, steps: int = 3):
     # batch-invariant rollouts: a row's log-probs then do not depend on which rows share its passes and
     # steps, which moves with when the episodes reach the engine; without it the two loops differed by

@@ -5,9 +5,13 @@ Run: .venv/bin/python -m pytest -q tests/experiments/test_safety_designs.py"""
 import ast
 from pathlib import Path
 
+import pytest
+
 from escrag.safety.cases import SAFETY_DIR, load_cases
 from escrag.safety.types import CATEGORIES
 from experiments.safety_designs import study
+
+pytestmark = pytest.mark.unit
 
 
 def test_design_study_judges_on_a_dev_half_of_round6_and_never_reads_eval():
