@@ -11,7 +11,7 @@ and GRPO policies answering one fixed set of valid or test states with the same 
 saved and scored apart by format, RM (all answers and those parsing in both) and strategy accuracy
 (``evaluation.compare``).
 
-Departures from the paper, for a 2-core CPU in ~20 minutes: SmolLM2-135M instead of Qwen2.5-3B/7B,
+Departures from the paper, for a 2-core CPU (the time to expect: docs/measurements.md): SmolLM2-135M instead of Qwen2.5-3B/7B,
 all-MiniLM-L6-v2 instead of bge-m3, ESConv turns instead of ESC-Preference as the exemplar corpus,
 silver pairs (gold turn vs a corrupted one) instead of ESC-Preference for the reward head, bootstrapped
 SFT demonstrations instead of GPT-4o ones, and a few GRPO steps instead of 2 epochs of 128 states.
@@ -37,17 +37,31 @@ def banner(step: str) -> float:
     return time.time()
 
 
+WALL_TIMES = Path(__file__).resolve().parent.parent / "bench" / "results" / "wall_times.json"
+
+
+def expected_minutes(dtypes: str) -> int | None:
+    """Minutes a fresh-clone ``make demo`` took on 2 cores in ``dtypes`` (bfloat16 or float32 paths):
+    the one source the README and docs/measurements.md also show (bench/results/wall_times.json)."""
+    try:
+        rows = json.loads(WALL_TIMES.read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        return None
+    found = [r["seconds"] for r in rows if r.get("what") == "make demo" and r.get("dtypes") == dtypes]
+    return round(found[-1] / 60) if found else None
+
+
 def compute_note(cfg: Config) -> str:
     """The dtypes the demo computes in on this machine and how long a fresh-clone demo took on 2 cores
-    in them (README, Performance): a CPU without fast bfloat16 runs the float32 path, ~6x longer (measured on an AVX2-only EPYC: 60 min against 10)."""
+    in them (``expected_minutes``): a CPU without fast bfloat16 runs the float32 path."""
     from escrag.models import engine_dtype, fast_bfloat16
 
     fast = fast_bfloat16("cpu")
     rollout = engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device)
-    minutes = "~10" if fast and "bfloat16" in (cfg.policy.dtype, rollout) else "~60"
+    minutes = expected_minutes("bfloat16" if fast and "bfloat16" in (cfg.policy.dtype, rollout) else "float32")
     why = "" if fast else " (this CPU has no AMX / AVX512-BF16: bfloat16 matmuls would be emulated)"
-    return (f"compute: learner {cfg.policy.dtype}, rollout engine {rollout}, reward backbone {cfg.reward.dtype}{why}; "
-            f"a fresh-clone demo took {minutes} minutes on 2 cores in these dtypes")
+    took = f"; a fresh-clone demo took ~{minutes} minutes on 2 cores in these dtypes" if minutes else ""
+    return f"compute: learner {cfg.policy.dtype}, rollout engine {rollout}, reward backbone {cfg.reward.dtype}{why}{took}"
 
 
 def show_data_and_models(cfg: Config) -> None:

@@ -105,3 +105,14 @@ def test_every_bench_result_is_rendered_or_skipped_with_a_reason():
     results = {p.relative_to(ROOT).as_posix() for p in (ROOT / "bench" / "results").glob("*.json")}
     assert results - read - set(report.SKIPPED) == set()
     assert set(report.SKIPPED) <= results, "SKIPPED names a file that is gone"
+
+
+def test_the_demo_quotes_its_expected_time_from_the_same_json():
+    """``make demo``'s first stage names the time to expect for its dtypes from bench/results/wall_times.json,
+    the file the README's page renders: one source, not a number typed into the job."""
+    from ray_jobs.demo import WALL_TIMES, expected_minutes
+
+    rows = [r for r in json.loads(WALL_TIMES.read_text())["rows"] if r["what"] == "make demo"]
+    assert {r["dtypes"] for r in rows} == {"bfloat16", "float32"}
+    for r in rows:
+        assert expected_minutes(r["dtypes"]) == round(r["seconds"] / 60)
