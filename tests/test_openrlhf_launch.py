@@ -58,6 +58,23 @@ def test_emitted_flags_parse_and_carry_our_numbers(parser, preset):
     assert a["actor.model_name_or_path"] == str((ROOT / cfg.run.output_dir / "sft").resolve())
     assert (a["data.input_key"], a["data.label_key"]) == (orl.INPUT_KEY, orl.LABEL_KEY)
     assert a["reward.model_name_or_path"] is None and a["critic.model_name_or_path"] is None
+    # issue 52: no best_global_stepN checkpoints outside --ckpt.max_num (the default "" auto-detects
+    # eval_*_pass1 and saves one whenever it improves); gradients accumulate in fp32 like the local learner
+    assert a["ckpt.best_metric_key"] == "none" and a["ds.grad_accum_dtype"] == "fp32" == cfg.openrlhf.grad_accum_dtype
+
+
+def test_what_the_flags_mean_in_the_pinned_source():
+    """The readings the launcher's flags rest on, checked in OpenRLHF 0.11.2's source: 'none' is the
+    value that turns best checkpoints off; grad_accum_dtype reaches DeepSpeed's data_types; the prompt
+    loader is built with shuffle=True (no flag) in the controller, so --train.seed does not order it."""
+    src = Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0])
+    trainer = (src / "trainer" / "ppo_trainer.py").read_text()
+    assert 'if self.best_eval_metric_key == "none":' in trainer and 'tag = f"best_global_step{global_step}"' in trainer
+    assert '"data_types": {"grad_accum_dtype": grad_accum_dtype}' in (src / "utils" / "deepspeed" /
+                                                                      "deepspeed_utils.py").read_text()
+    assert re.search(r"prompts_dataloader = strategy\.setup_dataloader\(\s*prompts_dataset,\s*1,\s*True,\s*True,",
+                     trainer)
+    assert "seeds nothing" in orl.dataset_states.__doc__
 
 
 def test_paper_presets_table4(parser):

@@ -54,6 +54,14 @@ GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PHASES = ("rollout", "train")  # besides "always": colocated OpenRLHF alternates them
 VLLM = "vLLM engine"  # what a vLLM claim says: its size is set last (_fit_vllm), from what is left
+ACCUM_BYTES = {"fp32": 4, "bf16": 2}  # openrlhf.grad_accum_dtype -> bytes of a gradient
+# DeepSpeed 0.19.6's ZeRO defaults (deepspeed/runtime/zero/config.py). They hold under OpenRLHF because its
+# get_train_ds_config / get_eval_ds_config (openrlhf/utils/deepspeed/deepspeed_utils.py) set these keys to
+# "auto" and DeepSpeedConfigModel drops "auto" values outside the HF Trainer (deepspeed/runtime/config_utils.py).
+DS_MAX_LIVE = 10**9  # stage3_max_live_parameters: gathered parameters a rank keeps at once
+DS_PREFETCH = 5 * 10**7  # stage3_prefetch_bucket_size
+DS_REDUCE_BUCKET = 5 * 10**8  # reduce_bucket_size: the contiguous gradient (ipg) bucket, in the param dtype
+DS_SUB_GROUP = 10**9  # sub_group_size: the step converts one sub-group's gradient to fp32 at a time
 
 
 # ------------------------------------------------------------------------------ estimates (GiB)
@@ -67,12 +75,35 @@ def layer_params(s: Shape) -> int:
     return (s.params - s.vocab * s.hidden * (1 if s.tied else 2)) // s.layers
 
 
-def zero_state_gb(s: Shape, stage: int, ranks: int, adam_offload: bool) -> float:
-    """DeepSpeed mixed-precision Adam state per rank, ZeRO working set included."""
-    p, master = s.params, 0 if adam_offload else 12
-    split = {0: (2 + 2 + master, 0), 1: (4, master), 2: (2, 2 + master), 3: (0, 4 + master)}[stage]
-    work = 2 * (s.vocab * s.hidden + 2 * layer_params(s)) if stage == 3 else 0
-    return (p * split[0] + p * split[1] / ranks + work) / GIB
+def zero_state_gb(s: Shape, stage: int, ranks: int, adam_offload: bool, grad_bytes: int = 2) -> float:
+    """DeepSpeed mixed-precision Adam state on one rank's GPU: bf16 params (2P, split at ZeRO 3), the
+    gradients in the accumulation dtype (``grad_bytes`` P, split from ZeRO 2), fp32 master weights and two
+    moments (12P, split from ZeRO 1; on the CPU with ``adam_offload``, the gradients with them). ZeRO-3
+    with fp32 accumulation: 18P/R."""
+    p, master, grads = s.params, 0 if adam_offload else 12, 0 if adam_offload else grad_bytes
+    split = ranks if stage >= 1 else 1
+    return p * (2 / (ranks if stage == 3 else 1) + grads / (ranks if stage >= 2 else 1) + master / split) / GIB
+
+
+def zero_buffers_gb(s: Shape, stage: int) -> tuple[float, float]:
+    """(gathered parameters, gradient bucket) in GiB a DeepSpeed rank adds to its state, at the ZeRO
+    defaults OpenRLHF leaves (DS_*): ZeRO-3 holds up to ``stage3_max_live_parameters`` gathered bf16
+    parameters (at least the largest module) plus a prefetch bucket; every stage keeps a contiguous
+    ``reduce_bucket_size`` gradient bucket in the param dtype."""
+    largest = max(s.vocab * s.hidden, s.hidden * s.intermediate)
+    live = 2 * (max(DS_MAX_LIVE, largest) + DS_PREFETCH) / GIB if stage == 3 else 0.0
+    return live, 2 * DS_REDUCE_BUCKET / GIB
+
+
+def zero_step_gb(s: Shape, stage: int, ranks: int, adam_offload: bool) -> float:
+    """The optimizer step's temporary: DeepSpeed flattens each sub-group's gradient to fp32 before
+    FusedAdam steps it in place (``_prepare_fp32_grad_for_sub_group``, deepspeed/runtime/zero/stage3.py):
+    4 bytes per parameter of the rank's share, at most ``sub_group_size`` of them; none when the step
+    runs on the CPU (``adam_offload``)."""
+    if adam_offload:
+        return 0.0
+    share = s.params / (ranks if stage >= 1 else 1)
+    return 4 * min(share, DS_SUB_GROUP) / GIB
 
 
 def train_acts_gb(s: Shape, tokens: int, checkpointing: bool, b: int, residual: int, logit_tokens: int) -> float:
@@ -103,8 +134,13 @@ class Claim:
 @dataclass
 class Gpu:
     index: int
-    memory_gb: float
+    memory_gb: float  # as named (placement.gpus) or read from torch
     claims: list[Claim] = field(default_factory=list)
+    usable_gb: float | None = None  # what a plan may fill: memory_gb x placement.usable_fraction
+
+    @property
+    def cap(self) -> float:
+        return self.memory_gb if self.usable_gb is None else self.usable_gb
 
     def need(self, phase: str) -> float:
         return sum(c.gb for c in self.claims if c.phase in ("always", phase))
@@ -122,16 +158,27 @@ class Plan:
     vllm_gpu_memory: float | None = None  # what the engines get (rollout.vllm_gpu_memory, maybe lowered)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    host: list[Claim] = field(default_factory=list)  # RAM of one node (OpenRLHF: offloaded states, vLLM's backup)
+    host_memory_gb: float | None = None  # placement.host_memory_gb
+
+    @property
+    def host_gb(self) -> float:
+        return sum(c.gb for c in self.host)
 
     def device(self, who: str) -> int | None:
         """The GPU index ``who`` sits on, None on the CPU."""
         return next((g.index for g in self.gpus for c in g.claims if c.who == who), None)
 
     def to_json(self) -> dict:
-        gpus = [{"index": g.index, "memory_gb": g.memory_gb, "peak_gb": round(g.peak_gb, 1),
-                 "claims": [{"who": c.who, "gb": round(c.gb, 1), "phase": c.phase, "what": c.what}
-                            for c in g.claims]} for g in self.gpus]
-        return {"backend": self.backend, "fits": not self.problems, "gpus": gpus, "cpu": self.cpu,
+        def claims(cs):
+            return [{"who": c.who, "gb": round(c.gb, 1), "phase": c.phase, "what": c.what} for c in cs]
+
+        gpus = [{"index": g.index, "memory_gb": g.memory_gb, "usable_gb": round(g.cap, 2),
+                 "peak_gb": round(g.peak_gb, 1), **{f"{p}_gb": round(g.need(p), 1) for p in PHASES},
+                 "claims": claims(g.claims)} for g in self.gpus]
+        host = {"memory_gb": self.host_memory_gb, "need_gb": round(self.host_gb, 1), "per": "node",
+                "claims": claims(self.host)}
+        return {"backend": self.backend, "fits": not self.problems, "gpus": gpus, "host": host, "cpu": self.cpu,
                 "vllm_gpu_memory": self.vllm_gpu_memory, "notes": self.notes, "problems": self.problems}
 
     def write(self, path: str | Path) -> Path:
@@ -143,9 +190,13 @@ class Plan:
         rows = [f"placement ({self.backend}): {len(self.gpus)} GPU(s)"
                 + (f", vLLM gets {self.vllm_gpu_memory} of its GPU" if self.vllm_gpu_memory else "")]
         for g in self.gpus:
-            rows.append(f"  GPU {g.index} ({g.memory_gb:g} GiB): peak {g.peak_gb:.1f} GiB "
+            rows.append(f"  GPU {g.index} ({g.memory_gb:g} GiB, {g.cap:g} usable): peak {g.peak_gb:.1f} GiB "
                         + ", ".join(f"{p} {g.need(p):.1f}" for p in PHASES))
             rows += [f"    {c.who:<15} {c.gb:6.1f} GiB  {c.phase:<7} {c.what}" for c in g.claims]
+        if self.host:
+            rows.append(f"  host RAM (per node): {self.host_gb:.1f} of {self.host_memory_gb:g} GiB "
+                        "(placement.host_memory_gb)")
+            rows += [f"    {c.who:<15} {c.gb:6.1f} GiB  {c.phase:<7} {c.what}" for c in self.host]
         rows += [f"  on the CPU: {', '.join(self.cpu)}"] if self.cpu else []
         rows += [f"  note: {n}" for n in self.notes] + [f"  DOES NOT FIT: {p}" for p in self.problems]
         return "\n".join(rows)
@@ -168,18 +219,24 @@ def make_plan(cfg: Config, gpus: tuple[int, float]) -> Plan:
     """Where every GPU consumer of a training job sits on ``gpus`` = (count, GiB each), with its
     memory estimate; ``plan.problems`` says what does not fit (``Plan.require``)."""
     count, gb = gpus
-    plan = Plan(cfg.grpo.backend, [Gpu(i, gb) for i in range(count)])
+    usable = round(gb * cfg.placement.usable_fraction, 4)
+    plan = Plan(cfg.grpo.backend, [Gpu(i, gb, usable_gb=usable) for i in range(count)],
+                host_memory_gb=cfg.placement.host_memory_gb)
     home = _openrlhf(cfg, plan) if cfg.grpo.backend == "openrlhf" else _local(cfg, plan)
     for who, device, claim in _services(cfg):
         _put_service(plan, who, device, claim, home)
     _fit_vllm(cfg, plan)
     for g in plan.gpus:
         for phase in PHASES:
-            if g.need(phase) > g.memory_gb + 1e-9:
+            if g.need(phase) > g.cap + 1e-9:
                 parts = " + ".join(f"{c.who} {c.gb:.1f}" for c in g.claims if c.phase in ("always", phase))
                 plan.problems.append(f"GPU {g.index} ({g.memory_gb:g} GiB) needs {g.need(phase):.1f} GiB in the "
-                                     f"{phase} phase: {parts}")
+                                     f"{phase} phase, of {g.cap:g} usable: {parts}")
                 break
+    if plan.host and plan.host_gb > plan.host_memory_gb + 1e-9:
+        parts = " + ".join(f"{c.who} {c.gb:.1f}" for c in plan.host)
+        plan.problems.append(f"host RAM: a node needs {plan.host_gb:.1f} GiB, placement.host_memory_gb is "
+                             f"{plan.host_memory_gb:g}: {parts}")
     return plan
 
 
@@ -219,36 +276,95 @@ def engines(cfg: Config) -> int:
 
 
 def _openrlhf(cfg: Config, plan: Plan) -> list[int]:
-    """OpenRLHF's actor, reference and vLLM claims; returns the GPUs the services may use (the head's)."""
-    o, ovh, s = cfg.openrlhf, cfg.placement.process_overhead_gb, shape_of(cfg.policy.model)
+    """OpenRLHF's actor, reference and vLLM claims, and the host RAM of one node; returns the GPUs the
+    services may use (the head's). Colocated (``--ds.enable_sleep``, ``--vllm.enable_sleep``):
+    ``actor:r`` keeps its bf16 shards in both phases (``offload_deepspeed_states``, openrlhf/utils/
+    deepspeed/deepspeed_utils.py, moves optim_states, hp_params, lp_grads and the gradient bucket to the
+    CPU and leaves lp_params; nothing with adam_offload), ``actor:r train`` is the rest; ``ref:r`` never
+    sleeps (``ReferenceModelActor``, openrlhf/trainer/ray/launcher.py, has no offload_states and
+    ``PPOTrainer.ppo_train``'s ``_run_sleep`` reloads and offloads only actor and critic); ``vllm:e
+    asleep`` keeps its context and CUDA graphs."""
+    o, pc, s = cfg.openrlhf, cfg.placement, shape_of(cfg.policy.model)
+    ovh, dtype = pc.process_overhead_gb, cfg.policy.dtype
     ranks, ref, tp = o.nodes * o.gpus_per_node, cfg.grpo.kl_coef > 0, o.vllm_tensor_parallel
     need = ranks if o.colocate else ranks * (1 + ref) + engines(cfg) * tp
     if len(plan.gpus) < need:
         plan.problems.append(f"placement.gpus: {len(plan.gpus)} GPUs, but the OpenRLHF layout needs {need} "
                              f"(openrlhf.nodes x gpus_per_node{'' if o.colocate else ' x 2 + engines x TP'})")
         return []
-    state, how = _policy_state(cfg, s, (o.zero_stage, ranks, o.adam_offload))
-    b = BYTES[cfg.policy.dtype]
+    b, z, g = BYTES[dtype], o.zero_stage, ACCUM_BYTES[o.grad_accum_dtype]
+    shards = ranks if z == 3 else 1
+    lp = weights_gb(s, dtype) / shards  # the rank's bf16 parameters
+    live, bucket = zero_buffers_gb(s, z)
+    if cfg.policy.lora.enabled:
+        state, how = _policy_state(cfg, s, (z, ranks, o.adam_offload))
+        kept, step = lp, 0.0
+    else:
+        state, step = zero_state_gb(s, z, ranks, o.adam_offload, g), zero_step_gb(s, z, ranks, o.adam_offload)
+        how = (f"ZeRO-{z} over {ranks} ranks: bf16 params 2P{'/R' if z == 3 else ''}, "
+               + ("master, moments and grads on the CPU (adam_offload)" if o.adam_offload else
+                  f"{o.grad_accum_dtype} grads {g}P{'/R' if z >= 2 else ''}, fp32 master + moments 12P"
+                  f"{'/R' if z >= 1 else ''}") + f" {state:.1f}")
+        kept = lp + (bucket if o.adam_offload else 0.0)  # offload_deepspeed_states returns early with adam_offload
     train, acts = _train_acts(cfg, s, o.max_len, o.max_len, residual=b)
     fwd = forward_gb(s, o.rollout_micro_batch_size * o.max_len, b, logits=True)
-    actor = Claim("", state + max(train, fwd) + ovh, "train" if o.colocate else "always",
-                  f"{how} {state:.1f} + max({acts}, experience forward {fwd:.1f}) + {ovh:g}")
-    ref_gb = weights_gb(s, cfg.policy.dtype) / (ranks if o.zero_stage == 3 else 1) + ovh
-    vllm = Claim("", plan.gpus[0].memory_gb, "rollout" if o.colocate else "always", VLLM)
+    rest = state + live + bucket + step + max(train, fwd)
+    rest_what = (f"{how} + gathered params {live:.1f} and gradient bucket {bucket:.1f} (DeepSpeed defaults: "
+                 f"stage3_max_live_parameters 1e9, prefetch 5e7, reduce_bucket_size 5e8) + the step's fp32 "
+                 f"gradient {step:.1f} (stage3.py, sub_group_size 1e9) + max({acts}, experience forward {fwd:.1f})")
+    ref_gb = weights_gb(s, dtype) / shards
+    ref_what = (f"{dtype} weights{' / ' + str(ranks) + ' (ZeRO-3)' if z == 3 else ''} + {ovh:g}: never asleep "
+                "(ReferenceModelActor has no offload_states; _run_sleep sleeps actor and critic only); its "
+                "forward runs while the actor's states are offloaded (experience making)")
     for r in range(ranks):
         actor_gpu, ref_gpu = (r, r) if o.colocate else (r, ranks + r)
-        plan.gpus[actor_gpu].claims.append(dataclasses.replace(actor, who=f"actor:{r}"))
+        if o.colocate:
+            plan.gpus[r].claims += [
+                Claim(f"actor:{r}", kept + ovh, "always", f"bf16 shards {lp:.1f} kept asleep (deepspeed_utils.py "
+                      f"offload_deepspeed_states leaves lp_params{'; adam_offload: nothing moves' if o.adam_offload else ''})"
+                      f" + {ovh:g}"),
+                Claim(f"actor:{r} train", rest - kept, "train", f"{rest_what}, less the kept {kept:.1f}")]
+        else:
+            plan.gpus[actor_gpu].claims.append(Claim(f"actor:{r}", rest + ovh, "always", f"{rest_what} + {ovh:g}"))
         if ref:
-            plan.gpus[ref_gpu].claims.append(Claim(f"ref:{r}", ref_gb, actor.phase, f"{cfg.policy.dtype} weights"
-                                                   f"{' / ' + str(ranks) + ' (ZeRO-3)' if o.zero_stage == 3 else ''}"))
+            extra = 0.0 if o.colocate else live + fwd  # on its own GPU its forward is its own
+            plan.gpus[ref_gpu].claims.append(Claim(f"ref:{r}", ref_gb + ovh + extra, "always", ref_what
+                                                   + (f" + gathered params and forward {extra:.1f}" if extra else "")))
     first = 0 if o.colocate else ranks * (1 + ref)
+    graphs = pc.vllm_graphs_gb
     for e in range(engines(cfg) * tp):
         gpu = plan.gpus[first + e]
-        gpu.claims.append(dataclasses.replace(vllm, who=f"vllm:{e // tp}"))
-        if o.colocate:  # what each sleeping process keeps in the other phase
-            gpu.claims += [Claim(f"{c.who} asleep", ovh, other, "context") for c in list(gpu.claims)
-                           for other in PHASES if c.phase not in ("always", other) and " " not in c.who]
+        gpu.claims.append(Claim(f"vllm:{e // tp}", gpu.cap, "rollout" if o.colocate else "always", VLLM))
+        if o.colocate:
+            gpu.claims.append(Claim(f"vllm:{e // tp} asleep", ovh + graphs, "train",
+                                    f"context {ovh:g} + CUDA graphs {graphs:g} (placement.vllm_graphs_gb): level-1 "
+                                    "sleep frees weights and KV cache only; OpenRLHF never passes --vllm.enforce_eager"))
+    _openrlhf_host(cfg, plan, s, state - lp + (0.0 if o.adam_offload else bucket))
     return list(range(o.gpus_per_node))
+
+
+def _openrlhf_host(cfg: Config, plan: Plan, s: Shape, moved_gb: float) -> None:
+    """Host RAM of one node: each rank's offloaded DeepSpeed states (``moved_gb``: with adam_offload for the
+    whole run, else while the actor sleeps) and each colocated engine's level-1 sleep copy of its weights.
+    Both are pinned, in different processes, and torch's caching host allocator keeps pinned blocks after
+    they are freed, so they add up rather than alternate."""
+    o = cfg.openrlhf
+    per_node = o.gpus_per_node
+    if o.adam_offload:
+        master = s.params * (12 + ACCUM_BYTES[o.grad_accum_dtype]) / (o.nodes * per_node) / GIB
+        plan.host.append(Claim("actor offload", per_node * master, "always",
+                               f"{per_node} ranks x {master:.1f}: --ds.adam_offload keeps fp32 master, moments and "
+                               "gradient partitions in pinned CPU memory (deepspeed_utils.py get_train_ds_config)"))
+    elif o.colocate and not cfg.policy.lora.enabled:
+        plan.host.append(Claim("actor asleep", per_node * moved_gb, "always",
+                               f"{per_node} ranks x {moved_gb:.1f}: offload_deepspeed_states pins optim_states, "
+                               "hp_params, lp_grads and the gradient bucket in CPU memory (deepspeed_utils.py)"))
+    if o.colocate:
+        n = max(1, engines(cfg) // o.nodes)
+        w = weights_gb(s, "bfloat16")
+        plan.host.append(Claim("vllm asleep", n * w, "always",
+                               f"{n} engines x {w:.1f}: level-1 sleep (RolloutRayActor.sleep, openrlhf/trainer/ray/"
+                               "vllm_engine.py) backs the bf16 weights up in CPU memory"))
 
 
 def _local(cfg: Config, plan: Plan) -> list[int]:
@@ -269,7 +385,7 @@ def _local(cfg: Config, plan: Plan) -> list[int]:
             continue
         free[slot] -= min(share, 1.0)
         for c in claims():
-            c.gb = c.gb or min(share, 1.0) * plan.gpus[slot].memory_gb  # a vLLM engine: at most its share
+            c.gb = c.gb or min(share, 1.0) * plan.gpus[slot].cap  # a vLLM engine: at most its share
             plan.gpus[slot].claims.append(dataclasses.replace(c, what=f"{c.what} (Ray share {share:g})"))
     return list(range(len(plan.gpus)))
 
@@ -354,20 +470,21 @@ def _fit_vllm(cfg: Config, plan: Plan) -> None:
         return
     want = util = cfg.rollout.vllm_gpu_memory
     for g, c in claims:
-        left = min(c.gb, g.memory_gb - (g.need(c.phase) - c.gb))
-        util = min(util, math.floor(100 * max(left, 0.0) / g.memory_gb) / 100)
+        left = min(c.gb, g.cap - (g.need(c.phase) - c.gb))
+        util = min(util, math.floor(100 * max(left, 0.0) / g.cap) / 100)
     s, b = shape_of(cfg.policy.model), BYTES[cfg.policy.dtype]
     tp = cfg.openrlhf.vllm_tensor_parallel if plan.backend == "openrlhf" else 1
     seq = cfg.openrlhf.max_len if plan.backend == "openrlhf" else cfg.rollout.max_seq_len
     need = weights_gb(s, cfg.policy.dtype) / tp + kv_gb(s, seq, b) / tp
     for g, c in claims:
-        c.gb, c.what = util * g.memory_gb, f"{VLLM}: {util:g} of the GPU (weights {need:.1f} with one {seq}-token KV)"
+        c.gb, c.what = util * g.cap, (f"{VLLM}: {util:g} of the GPU's {g.cap:g} (its CUDA graphs inside, vLLM >= 0.21; "
+                                      f"weights {need:.1f} with one {seq}-token KV)")
     plan.vllm_gpu_memory = util
     if util < want:
         plan.notes.append(f"rollout.vllm_gpu_memory lowered from {want:g} to {util:g}: what the other claims leave")
-    if util * claims[0][0].memory_gb < need:
+    if util * claims[0][0].cap < need:
         plan.problems.append(f"{claims[0][1].who}: vLLM needs {need:.1f} GiB for the weights and one {seq}-token "
-                             f"sequence, but only {util:g} x {claims[0][0].memory_gb:g} GiB is left for it")
+                             f"sequence, but only {util:g} x {claims[0][0].cap:g} GiB is left for it")
 
 
 def job_gpus(cfg: Config, ray_gpus: float | None = None) -> tuple[int, float]:

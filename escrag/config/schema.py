@@ -406,12 +406,28 @@ class OpenRLHFConfig:
 @section
 class PlacementConfig:
     """Where the GPU consumers sit and what they need (``trainer/placement.py``, docs/cluster.md)."""
+    grad_accum_dtype: Literal["fp32", "bf16"] = option(
+        "fp32", "dtype DeepSpeed accumulates the micro-batches' gradients in (--ds.grad_accum_dtype): fp32 like "
+        "the local learner (ZeRO-3's gradient partition then takes 4 bytes a parameter per rank, not 2; "
+        "trainer/placement.py counts it)")
 
     gpus: Str | None = option(None, '"<count>x<GiB>", e.g. "2x80": the GPUs the plan is made for (OpenRLHF: every node\'s, '
                           "the head's first; --dry-run plans for them anywhere); the local job counts Ray's GPUs "
                           "and takes their memory from here, else from torch", pattern=r"^[0-9]+x[0-9]+(\.[0-9]+)?$")
     process_overhead_gb: Float = option(1.0, "GiB a process holds on a GPU besides its tensors (CUDA context, "
-                                    "allocator slack; a sleeping vLLM engine's context and graphs)", ge=0.0)
+                                    "allocator slack; a sleeping vLLM engine's context)", ge=0.0)
+    usable_fraction: Float = option(0.99, "the share of each GPU's memory (placement.gpus, or torch's figure) a "
+                                    "plan may fill: torch reports 79.1-79.3 GiB for an \"80 GB\" A100/H100, so "
+                                    "2x80 plans for 79.2 GiB each (tests/gpu/device_check.py records gpu_total_gb)",
+                                    gt=0.0, le=1.0)
+    vllm_graphs_gb: Float = option(2.0, "GiB of CUDA graphs a colocated vLLM engine keeps while asleep (level-1 "
+                                   "sleep frees only its weights and KV cache; OpenRLHF never sets enforce_eager): "
+                                   "vLLM logs 'Estimated CUDA graph memory: 1.62 GiB' for a dense Qwen at its "
+                                   "default capture sizes (vllm-project/vllm#39559); 0 with enforce_eager", ge=0.0)
+    host_memory_gb: Float = option(256.0, "GiB of each node's RAM the run may pin (OpenRLHF: the optimizer states "
+                                   "--ds.enable_sleep or adam_offload moves there, vLLM's level-1 sleep copy of "
+                                   "its weights); a plan that needs more does not fit. Set it to the node's RAM "
+                                   "less what else runs there", ge=0.0)
 
 
 @section

@@ -140,6 +140,7 @@ def _algorithm(cfg: Config) -> list[str]:
 def _deepspeed(cfg: Config) -> list[str]:
     o, lora = cfg.openrlhf, cfg.policy.lora
     argv = ["--ds.zero_stage", str(o.zero_stage), "--ds.param_dtype", _DTYPES[cfg.policy.dtype],
+            "--ds.grad_accum_dtype", o.grad_accum_dtype,  # DeepSpeed's data_types; fp32 like the local learner
             "--ds.attn_implementation", o.attn_implementation,
             "--train.micro_batch_size", str(cfg.grpo.micro_batch_size),
             "--rollout.micro_batch_size", str(o.rollout_micro_batch_size)]
@@ -158,10 +159,13 @@ def _io(cfg: Config, policy: Path | str, resume: bool) -> list[str]:
     argv = ["--actor.model_name_or_path", str(policy), "--train.agent_func_path", agent_path(),
             "--data.prompt_dataset", str(prompts_path(cfg)), "--data.input_key", INPUT_KEY,
             "--data.label_key", LABEL_KEY, "--data.max_len", str(cfg.openrlhf.max_len),
-            "--train.seed", str(cfg.run.seed),
+            "--train.seed", str(cfg.run.seed),  # DeepSpeed's and vLLM's seeds; not the prompt order (dataset_states)
             "--ckpt.output_dir", str(_abs(cfg, "policy")),
             "--ckpt.path", str(_abs(cfg, "checkpoints", "openrlhf")),
             "--ckpt.save_steps", str(g.checkpoint_every), "--ckpt.max_num", str(g.keep_checkpoints),
+            # no best_global_stepN: with --eval.* and the default "" OpenRLHF saves a full DeepSpeed
+            # checkpoint each time eval_*_pass1 improves, outside --ckpt.max_num (ppo_trainer.py)
+            "--ckpt.best_metric_key", "none",
             "--logger.logging_steps", str(g.log_every)]
     if g.tensorboard:
         argv += ["--logger.tensorboard_dir", str(_abs(cfg, "tensorboard"))]
@@ -222,7 +226,12 @@ def dataset_states(cfg: Config, states: list, scheme: int | None = None) -> list
     whole number of rollout batches and OpenRLHF, which keeps a short last batch, never makes one. No
     state is dropped: an epoch's remainder opens a batch that the next epoch's permutation completes,
     so with ``grpo.epochs`` E every state is in the file E or E + 1 times; OpenRLHF reads it as one
-    episode and shuffles its rows (``--train.seed``)."""
+    episode and shuffles its rows itself: ``prepare_datasets`` (openrlhf/trainer/ppo_trainer.py) builds
+    the prompt loader with shuffle=True, which no flag turns off, in the ``PPOTrainer`` controller, where
+    no distributed sampler is set up and ``--train.seed`` seeds nothing (the model actors' setup_distributed
+    does), so its batches are an unseeded permutation of the file's rows: the same rows each pass, not the
+    local sampler's batches and not the same order twice (resume keeps it: the loader's state is in the
+    checkpoint). docs/cluster.md names the difference."""
     from trainer.sampler import StateSampler, total_steps
 
     sampler = StateSampler(len(states), cfg.grpo.batch_states, cfg.run.seed)
