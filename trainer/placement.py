@@ -8,24 +8,37 @@ Ray's count and torch's memory). Used by ``--dry-run``, the OpenRLHF launcher (i
 ``--vllm.gpu_memory_utilization``) and the local job (it pins the services with
 ``CUDA_VISIBLE_DEVICES``). GiB throughout.
 
-Consumers. OpenRLHF (``grpo.backend: openrlhf``), per actor GPU i: ``vllm:i`` (rollout phase),
-``actor:i`` and ``ref:i`` (train phase; colocated, each sleeps while the other phase runs and keeps only
-``placement.process_overhead_gb``; not colocated, actor, reference and engines get GPUs of their own).
-Local backend: ``learner`` (policy + reference in one process) and ``worker:w`` where the Ray shares of
+Consumers. OpenRLHF (``grpo.backend: openrlhf``), per actor GPU i, colocated (``--ds.enable_sleep``,
+``--vllm.enable_sleep``): ``actor:i`` in both phases (its bf16 shards: ``offload_deepspeed_states`` in
+openrlhf/utils/deepspeed/deepspeed_utils.py leaves lp_params on the GPU), ``actor:i train`` (the rest),
+``ref:i`` in both phases (ReferenceModelActor, openrlhf/trainer/ray/launcher.py, never sleeps: the
+trainer's ``_run_sleep`` touches actor and critic only), ``vllm:i`` (rollout) and ``vllm:i asleep``
+(train: context + ``placement.vllm_graphs_gb`` of CUDA graphs, which level-1 sleep keeps; OpenRLHF never
+sets enforce_eager); not colocated, actor, reference and engines get GPUs of their own. Local backend:
+``learner`` (policy + reference in one process) and ``worker:w`` where the Ray shares of
 ``trainer.learner.place`` put them (first fit, as Ray packs fractions), all resident at once. Both:
 ``reward`` (the reward server's backbone) and ``embedder`` (the retriever's), each placed on the GPU
 with the most room; local only, ``safety:w`` (a worker's crisis-check backbone when
 ``safety.conv_device`` is not cpu) on its worker's GPU. A GPU fits when its resident claims plus its
-larger phase fit its memory. (The paper gives only the GPU counts: 2 and 4 A800s.)
+larger phase fit ``placement.usable_fraction`` of its memory (0.99: 79.2 GiB of an "80 GB" card, as torch
+reports it). Host RAM (OpenRLHF, one node): what DeepSpeed's sleep or ``adam_offload`` pins there and
+each engine's level-1 sleep copy of its weights, against ``placement.host_memory_gb``. (The paper gives
+only the GPU counts: 2 and 4 A800s.)
 
 Estimates (P parameters, L layers, h hidden, I MLP width, k = kv_heads x head_dim, V vocabulary,
-T tokens of a micro-batch, b bytes of the compute dtype; ``tests/gpu/device_check.py`` measures them):
+T tokens of a micro-batch, b bytes of the compute dtype, R ranks; ``tests/gpu/device_check.py``
+measures the local learner's; docs/cluster.md names each source):
 - weights: P x bytes(dtype);
 - training state of a full fine-tune with Adam: local learner 16P (float32 weights, gradients, two
-  moments) + 2P of bfloat16 weight copies under autocast; DeepSpeed (bf16 params and gradients, fp32
-  master and moments) 16P at ZeRO 0, 4P + 12P/R at 1, 2P + 14P/R at 2, 16P/R at 3 over R ranks
-  (``openrlhf.adam_offload`` moves the 12P part to the CPU), plus at ZeRO 3 the gathered working set
-  2(Vh + 2 x one layer). LoRA: the frozen weights and 16 bytes per adapter parameter;
+  moments) + 2P of bfloat16 weight copies under autocast; DeepSpeed 2P bf16 params (/R at ZeRO 3) + gP
+  gradients in ``openrlhf.grad_accum_dtype`` (g = 4 for fp32, /R from ZeRO 2; DeepSpeed 0.19.6
+  stage3.py's grad_partitions_flat_buffer) + 12P fp32 master and moments (/R from ZeRO 1; on the CPU
+  with ``openrlhf.adam_offload``): 18P/R at ZeRO 3 in fp32. Plus DeepSpeed's buffers at the defaults
+  OpenRLHF leaves ("auto" is dropped: deepspeed/runtime/config_utils.py; deepspeed/runtime/zero/config.py):
+  2(max(1e9, the largest module) + 5e7) bytes of gathered parameters at ZeRO 3, a 5e8-element bf16
+  gradient bucket; and the step's fp32 copy of one sub-group's gradient, 4 min(P/R, 1e9) bytes
+  (stage3.py ``_prepare_fp32_grad_for_sub_group``; FusedAdam steps in place). LoRA: the frozen weights
+  and 16 bytes per adapter parameter;
 - activations of a training micro-batch: one layer keeps T(18h + 6k + 8I) b/2 bytes (norm inputs in
   float32, q/k/v/attention output, four MLP tensors of width I; flash/SDPA attention keeps no T x T);
   all L layers without checkpointing, with it each layer's input (T h x the residual's bytes: 2 under
@@ -33,10 +46,16 @@ T tokens of a micro-batch, b bytes of the compute dtype; ``tests/gpu/device_chec
   scored positions, (b + 8) bytes each (the logits, their float32 copy, its gradient);
 - a forward without gradients (reference, reward backbone, embedder, experience making): one layer's
   T(2h + 3I) b plus, for log-probs, (b + 4) bytes per logit;
-- KV cache: 2 L k b per token; a vLLM engine claims ``rollout.vllm_gpu_memory`` of its GPU, lowered to
-  what the resident services leave, and must hold its weights and one ``openrlhf.max_len`` sequence.
+- KV cache: 2 L k b per token; a vLLM engine claims ``rollout.vllm_gpu_memory`` of its GPU's usable
+  memory (its CUDA graphs inside: vLLM profiles them into the share since 0.21), lowered to what the
+  resident services leave, and must hold its weights and one ``openrlhf.max_len`` sequence; asleep it
+  keeps its context and ``placement.vllm_graphs_gb`` (vLLM logs 1.62 GiB of graphs for a dense Qwen at
+  the default capture sizes: vllm-project/vllm#39559);
+- host: (g + 12)P/R + the bucket per sleeping rank (adam_offload: (12 + g)P/R for the whole run) and
+  2P per colocated engine (vLLM level-1 sleep backs the bf16 weights up in CPU memory).
 Worst cases: every micro-batch padded to ``openrlhf.max_len`` (OpenRLHF) or ``rollout.max_seq_len``
-(local), every reward batch ``reward.max_batch`` x ``reward.max_length`` tokens.
+(local), every reward batch ``reward.max_batch`` x ``reward.max_length`` tokens; the step's temporary on
+top of the larger of the training micro-batch and the experience forward.
 """
 
 from __future__ import annotations

@@ -1,7 +1,15 @@
-"""The GPU check for the machine this project can be lent (one H200; torch, transformers and peft, no
-vLLM, Ray, DeepSpeed, FAISS or servers): the project's own learner and engine code, timed and measured,
-one JSON file of results. ``tests/gpu/device_check.sh`` runs it there; ``--cpu`` runs every part at
-tiny shapes on the CPU (tests/test_device_check.py, so the script does not rot).
+"""The GPU check for the machine this project can be lent (one H100, about 79 GiB, or one H200, about
+139 GiB; torch, transformers and peft, no vLLM, Ray, DeepSpeed, FAISS or servers): the project's own
+learner and engine code, timed and measured, one JSON file of results. ``tests/gpu/device_check.sh``
+runs it there; ``--cpu`` runs every part at tiny shapes on the CPU (tests/test_device_check.py, so the
+script does not rot). The sweeps are sized from the card's memory (``gpu_sizes``), not for one kind.
+
+Exit status: 0 when every part that was asked for ran and passed its checks, 1 when any failed (an
+exception, an out-of-memory of the whole part, a check such as the agreement's, or a part the budget
+skipped); ``"failed"`` in the JSON names them. An out-of-memory is a result: caught, written to the JSON
+(``{"oom": true}`` for one run of a sweep, which is a measurement, not a failure), never a crash.
+``DEVICE_CHECK_FAIL=part,...`` / ``DEVICE_CHECK_OOM=part,...`` make those parts raise an exception / a
+``torch.OutOfMemoryError`` as they start (tests/test_device_check.py checks the exit status with them).
 
 Parts (each recorded, a failure or an out-of-memory recorded as such, never fatal to the others):
 1. ``agreement``: the tiny model on the CPU and on the GPU, float32: the learner's log-probs (max abs
@@ -56,9 +64,49 @@ from escrag.shapes import KNOWN, Shape, hf_config  # noqa: E402
 PRESET = ROOT / "configs" / "paper-3b.yaml"
 PARTS = ("agreement", "learner", "engine", "reward")
 TINY = Shape("qwen2", 64, 2, 4, 2, 128, 49152, True, 4096)
-# (GPU, --cpu): sequence lengths of the learner sweep, engine prompts x tokens, RM items x tokens
-SIZES = {"gpu": {"seqs": (1024, 2048, 4096), "prefill": (32, 1024), "decode": (64, 128, 128), "rm": (8, 4096)},
-         "cpu": {"seqs": (64, 128), "prefill": (4, 64), "decode": (4, 16, 8), "rm": (2, 64)}}
+# --cpu: sequence lengths of the learner sweep, engine prompts x tokens, RM items x tokens; a GPU's: gpu_sizes()
+CPU_SIZES = {"seqs": (64, 128), "prefill": (4, 64), "decode": (4, 16, 8), "rm": (2, 64)}
+GPU_SEQS, RM_TOKENS = (1024, 2048, 4096, 8192), 4096
+
+
+def gpu_sizes(total_gb: float, policy: Shape, rm: Shape, scored: int) -> dict:
+    """The sweeps for a GPU of ``total_gb`` (torch's ``get_device_properties``): the learner's lengths
+    whose checkpointed estimate (``trainer.placement.learner_gb``, at the preset's micro-batch) fits 0.9 of the card (so an H100 and an
+    H200 each run what they can hold; the runs without checkpointing that do not fit are recorded as
+    OOM), the reward batch the card holds in float32 at 4,096 tokens (1 to 8 items)."""
+    from trainer.placement import GIB, forward_gb, learner_gb
+
+    room = 0.9 * total_gb
+    cfg = load_config(PRESET, ["policy.gradient_checkpointing=true"])
+    seqs = tuple(s for s in GPU_SEQS if learner_gb(cfg, policy, s, min(scored, s // 2))[0] <= room) or GPU_SEQS[:1]
+    per_item, weights = forward_gb(rm, RM_TOKENS, 4), rm.params * 4 / GIB
+    items = max(1, min(8, int((room - weights) // max(per_item, 1e-9))))
+    return {"seqs": seqs, "prefill": (32, 1024), "decode": (64, 128, 128), "rm": (items, RM_TOKENS),
+            "total_gb": total_gb}
+
+
+def _injected(part: str) -> None:
+    """DEVICE_CHECK_FAIL / DEVICE_CHECK_OOM: make ``part`` fail as it starts (the exit status's test)."""
+    import os
+
+    if part in os.environ.get("DEVICE_CHECK_OOM", "").split(","):
+        raise torch.OutOfMemoryError(f"DEVICE_CHECK_OOM={part}: injected out-of-memory")
+    if part in os.environ.get("DEVICE_CHECK_FAIL", "").split(","):
+        raise RuntimeError(f"DEVICE_CHECK_FAIL={part}: injected failure")
+
+
+def failures(result: dict, parts: tuple[str, ...]) -> list[str]:
+    """The asked-for parts that failed: missing, skipped, an error or OOM of the whole part, or a check."""
+    bad = []
+    for name in parts:
+        r = result.get(name)
+        if not isinstance(r, dict) or any(k in r for k in ("error", "oom", "skipped", "running")):
+            bad.append(name)
+        elif name == "agreement" and not (r.get("logprobs_within_1e-4") and r.get("greedy_tokens_equal")):
+            bad.append(name)
+        elif name == "learner" and not any("peak_gb" in run or "tokens_per_s" in run for run in r.get("runs", [])):
+            bad.append(name)
+    return bad
 
 
 def _cfg(model: str, device: str, *over: str):
@@ -287,19 +335,25 @@ def _watchdog(part: str, every_s: float):
 def run(out: Path, cpu: bool, tiny: str, budget_s: float, part_timeout_s: float = 120.0,
         only: tuple[str, ...] = ()) -> dict:
     device = "cpu" if cpu or not torch.cuda.is_available() else "cuda"
-    sizes, t0 = SIZES["cpu" if device == "cpu" else "gpu"], time.perf_counter()
+    t0 = time.perf_counter()
     big, rm = (TINY, TINY) if device == "cpu" else (KNOWN["Qwen/Qwen2.5-3B-Instruct"], KNOWN["Qwen/Qwen2.5-7B"])
     result = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
               "mode": "cpu" if device == "cpu" else "gpu"}
     if device == "cuda":
         free, total = torch.cuda.mem_get_info()
         result["gpu_total_gb"], result["context_gb"] = total / 2**30, (total - free) / 2**30
+        preset = load_config(PRESET)
+        cfg_sizes = gpu_sizes(torch.cuda.get_device_properties(0).total_memory / 2**30, big, rm,
+                              preset.rollout.max_new_tokens_stage2)
+    else:
+        cfg_sizes = CPU_SIZES
+    result["sizes"] = cfg_sizes
     with tempfile.TemporaryDirectory(prefix="device-check-") as tmp:
         parts = [("agreement", lambda: agreement(tiny, device)),
                  ("learner", lambda: learner_sweep(build_model(big, Path(tmp) / "policy", tiny, device), big,
-                                                   device, sizes["seqs"])),
-                 ("engine", lambda: engine_rates(Path(tmp) / "policy", device, sizes)),
-                 ("reward", lambda: reward_rates(rm, device, sizes))]
+                                                   device, cfg_sizes["seqs"])),
+                 ("engine", lambda: engine_rates(Path(tmp) / "policy", device, cfg_sizes)),
+                 ("reward", lambda: reward_rates(rm, device, cfg_sizes))]
         for name, part in parts:
             if only and name not in only:
                 continue
@@ -312,14 +366,19 @@ def run(out: Path, cpu: bool, tiny: str, budget_s: float, part_timeout_s: float 
             t = time.perf_counter()
             try:
                 with _watchdog(name, part_timeout_s):
+                    _injected(name)
                     result[name] = part()
+            except torch.OutOfMemoryError as exc:  # a result, not a crash: the other parts still run
+                result[name] = {"oom": True, "error": f"OutOfMemoryError: {exc}"[:2000]}
             except Exception as exc:  # recorded: the other parts still run
                 result[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             result[name]["seconds"] = time.perf_counter() - t
-            _say(f"{name}: {'error' if 'error' in result[name] else 'done'} in {result[name]['seconds']:.1f} s")
+            state = "oom" if "oom" in result[name] else "error" if "error" in result[name] else "done"
+            _say(f"{name}: {state} in {result[name]['seconds']:.1f} s")
             _free()
             (out / "device_check.json").write_text(json.dumps(result, indent=2) + "\n")
     result["third_party_modules"], result["seconds"] = _modules(), time.perf_counter() - t0
+    result["failed"] = failures(result, tuple(p for p in PARTS if not only or p in only))
     (out / "device_check.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -345,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
                 " (engine reuses the model the learner part builds)")
     result = run(out, args.cpu, resolve_model(args.tiny), args.budget_s, args.part_timeout_s, only)
     print(json.dumps({k: v for k, v in result.items() if k != "third_party_modules"}, indent=1)[:6000])
+    if result["failed"]:
+        _say(f"FAILED: {', '.join(result['failed'])} (device_check.json has each part's error or check)")
+        return 1
+    _say("every part passed")
     return 0
 
 

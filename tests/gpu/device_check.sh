@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check for the machine this project can be lent (the `device` tool: one H200, Python 3.12, torch,
+# The GPU check for the machine this project can be lent (the `device` tool: one H100 ~79 GiB or one H200
+# ~139 GiB, the sweeps sized from the card; Python 3.12, torch,
 # transformers, peft; no vLLM, Ray, DeepSpeed, OpenRLHF, FAISS or FastAPI; no network; 64 MiB carried;
 # see docs/cluster.md, "Which GPU script"). Runs tests/gpu/device_check.py: CPU vs CUDA agreement on the
 # tiny model, a Qwen2.5-3B-shaped learner sweep, the transformers engine at that shape and a
-# Qwen2.5-7B-shaped reward backbone, under 8 minutes, results in $OUT/device_check.json.
+# Qwen2.5-7B-shaped reward backbone, under 8 minutes, results in $OUT/device_check.json. Exits non-zero
+# when any part failed (an error, an out-of-memory of a whole part, a failed check, a part the budget skipped).
 #
 # Carried (both ignored by git; prepare them once on the CPU machine, docs/cluster.md):
 #   .device/tiny-random-qwen2   the tiny model folder (cp -r ~/.cache/escrag/tiny-random-qwen2 .device/)
