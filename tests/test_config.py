@@ -3,6 +3,7 @@ values fail at load (file or -o override) with the key path; dataclasses.replace
 field has help text, which `escrag config show` prints. Run: .venv/bin/python -m pytest -q tests/test_config.py"""
 
 import dataclasses
+import importlib.util
 import typing
 from pathlib import Path
 
@@ -158,3 +159,15 @@ def test_auto_dtypes_take_bfloat16_only_where_it_is_fast(monkeypatch, fast):
     fixed = load_config(CONFIGS / "cpu-demo.yaml", ["policy.dtype=bfloat16", "reward.dtype=float32",
                                                     "safety.conv_dtype=float32"])
     assert (fixed.policy.dtype, fixed.reward.dtype, conv_dtype(fixed.safety)) == ("bfloat16", "float32", "float32")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_a_vllm_engine_without_vllm_fails_at_load_with_the_install_command():
+    """``rollout.engine: vllm`` where vLLM is not installed stops the job before anything starts, naming
+    the key and how to install it (rollout/engines/vllm_engine.py ``check_config``), not with an
+    ImportError from inside a Ray worker."""
+    from rollout.engines.vllm_engine import check_config
+
+    check_config(load_config("configs/cpu-test.yaml"))  # the transformers engine: nothing to check
+    with pytest.raises(ConfigError, match=r"rollout.engine: vllm is not installed .*make install-vllm"):
+        check_config(load_config("configs/cpu-test.yaml", ["rollout.engine=vllm"]))

@@ -236,3 +236,40 @@ def test_label_round_trips_through_openrlhfs_prompt_dataset(engine, servers, tmp
     with pytest.raises(ConfigError, match="openrlhf.max_len"):
         orl.write_prompts(_cfg(f"run.output_dir={tmp_path}", "openrlhf.max_len=64"), states, engine.tokenizer,
                           servers["retriever"], servers["reward"])
+
+
+def _openrlhf_loader():
+    """OpenRLHF 0.11.2's own ``_load_agent_executor``, read from its source and run here: the module it
+    lives in imports vLLM at the top (the vLLM tier, tests/vllm_tier/, imports it whole)."""
+    import ast
+    import textwrap
+
+    from openrlhf.utils.agent import AgentExecutorBase
+
+    path = Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0]) / "trainer" / "ray" / "vllm_engine.py"
+    text = path.read_text()
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "_load_agent_executor")
+    namespace = {"AgentExecutorBase": AgentExecutorBase}
+    exec(compile(textwrap.dedent(ast.get_source_segment(text, node)), str(path), "exec"), namespace)
+    return namespace["_load_agent_executor"]
+
+
+def test_openrlhfs_loader_loads_the_agent_file():
+    """Issue 52, finding 1: OpenRLHF runs the agent file as a module it never puts in ``sys.modules``; a
+    module-level dataclass with postponed annotations then died in every vLLM engine actor's start."""
+    from trainer.openrlhf import launch as orl
+
+    executor = _openrlhf_loader()(orl.agent_path())
+    assert type(executor).__name__ == "AgentExecutor" and executor.agent_instance_cls.__name__ == "TwoStageAgent"
+
+
+def test_the_agents_clients_take_the_runs_timeouts(tmp_path):
+    """The label carries the reward client's settings; the agent's clients are built with the run's
+    retriever and reward timeouts, not the clients' defaults."""
+    cfg = _cfg("retriever.timeout_s=7.5", "reward.timeout_s=3.25", "reward.wait_s=11")
+    state = load_states("valid")[3]
+    ep = agent._Episode.from_label(agent.episode_label(state, cfg, "http://127.0.0.1:9", "http://127.0.0.1:8"), None)
+    retriever, reward = agent._retriever("http://127.0.0.1:9", ep.config_json), agent._reward("http://127.0.0.1:8",
+                                                                                               ep.config_json)
+    assert (ep.cfg.retriever.timeout_s, ep.cfg.reward.timeout_s, ep.cfg.reward.wait_s) == (7.5, 3.25, 11.0)
+    assert retriever._http.timeout == 7.5 and reward._http.timeout == 3.25 and reward._http.policy.deadline_s == 11.0

@@ -213,7 +213,12 @@ class RolloutConfig:
     max_reissues: Int = option(3, "times the pool re-issues the states of a worker that died", ge=0)
     restart_timeout_s: Float = option(300.0, "how long the pool waits for Ray to restart a worker", gt=0.0)
     restart_poll_s: Float = option(0.1, "first poll of a restarting worker; doubles up to 20x", gt=0.0)
-    vllm_gpu_memory: Float = option(0.6, "vLLM gpu_memory_utilization per engine", gt=0.0, le=1.0)
+    vllm_gpu_memory: Float = option(0.6, "vLLM gpu_memory_utilization per engine (vLLM's CPU build reads it as "
+                                    "a share of the machine's RAM: set vllm_kv_cache_gb there)", gt=0.0, le=1.0)
+    vllm_kv_cache_gb: Float | None = option(None, "vLLM KV cache per engine in GiB (kv_cache_memory_bytes); None: "
+                                            "what vllm_gpu_memory leaves", gt=0.0)
+    vllm_enforce_eager: Bool = option(False, "vLLM without torch.compile / CUDA graphs (on a CPU a compile costs "
+                                      "~45 s per engine start and decodes no faster)")
     # The transformers engine (rollout/engines/hf_engine.py; docs/rollout.md "The transformers engine").
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
         "auto", "Engine weights: auto = bfloat16 on CUDA or a CPU with AMX/AVX512-BF16 (~5x the float32 matmul "

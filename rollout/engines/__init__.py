@@ -2,7 +2,7 @@
 
 Parts: ``base`` (``GenerationEngine``, ``SamplingParams``, ``Generation``, ``EngineScheduler``: the
 types every engine and caller shares), ``hf_engine`` (transformers, continuous batching on the CPU or
-a GPU), ``decoder`` (its compiled slot decoder) and ``vllm_engine`` (vLLM, GPU only, imported lazily).
+a GPU), ``decoder`` (its compiled slot decoder) and ``vllm_engine`` (vLLM on a GPU or with its CPU build, imported lazily).
 The factory lives here, above what it builds; the engines import ``base``, never this module, so there
 is no cycle. Nothing heavy is imported at package import.
 """
@@ -19,10 +19,12 @@ def make_engine(cfg, model_spec: str | None = None, seed: int | None = None) -> 
     spec = model_spec or cfg.policy.model
     seed = cfg.run.seed if seed is None else seed
     if cfg.rollout.engine == "vllm":
-        from rollout.engines.vllm_engine import VLLMEngine
+        from rollout.engines.vllm_engine import VLLMEngine, engine_dtype
 
-        dtype = cfg.policy.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
-        return VLLMEngine(spec, dtype=dtype, seed=seed, gpu_memory_utilization=cfg.rollout.vllm_gpu_memory)
+        ro = cfg.rollout
+        return VLLMEngine(spec, dtype=engine_dtype(cfg), seed=seed, gpu_memory_utilization=ro.vllm_gpu_memory,
+                          max_model_len=ro.max_seq_len, kv_cache_gb=ro.vllm_kv_cache_gb,
+                          enforce_eager=ro.vllm_enforce_eager)
     from rollout.engines.hf_engine import HFEngine
 
     dtype = engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device)

