@@ -45,13 +45,28 @@ class Overloaded(EscragError, RuntimeError):
         self.retry_after = retry_after
 
 
+class Terminated(BaseException):
+    """SIGTERM reached a job (``run_main``): raised in its main thread so that what it started (servers,
+    Ray, engines) is stopped by the ``with`` and ``finally`` blocks around it, as on Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     """Run ``fn`` and return its exit code; an ``EscragError`` prints ``prog: error: message`` and
-    returns its exit code (2 for the user's input), Ctrl-C returns 130, a closed pipe 0. The process is
-    tuned first (``escrag.runtime.tune_process``): every job, server and command runs through here."""
+    returns its exit code (2 for the user's input), Ctrl-C returns 130, SIGTERM 143 (both after the
+    job's cleanup ran), a closed pipe 0. The process is tuned first (``escrag.runtime.tune_process``):
+    every job, server and command runs through here."""
+    import signal
+    import threading
+
     from escrag.runtime import tune_process
 
     tune_process()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)  # a server's uvicorn installs its own over this one
     try:
         return int(fn() or 0)
     except EscragError as exc:
@@ -62,3 +77,6 @@ def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 143

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 class RolloutPool:
     def __init__(self, cfg: Config, retriever_url: str | None, reward_url: str):
         ro = cfg.rollout
-        gpus = ro.worker_gpus or (1.0 if ro.engine == "vllm" else 0.0)
+        gpus = ro.worker_gpus if ro.worker_gpus is not None else (1.0 if ro.engine == "vllm" else 0.0)
         opts = {"num_cpus": ro.worker_cpus, "num_gpus": gpus}
         self.cfg = cfg
         # Ray workers do not inherit this process's environment: the servers' bearer token travels along

@@ -272,3 +272,42 @@ def test_running_mean_of_the_reward_curve_is_trailing():
 
     assert running_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert running_mean([2.0, 4.0], 8) == [2.0, 3.0]
+
+
+def test_sigterm_stops_the_servers_a_job_started(tmp_path):
+    """A job ended with SIGTERM (``timeout``, a scheduler, ``ray job stop``) runs its cleanup as on Ctrl-C:
+    the servers it started are stopped, not left running, and it exits 143 (``escrag.errors.run_main``)."""
+    code = ("import sys, time; from pathlib import Path; from escrag.config import load_config; "
+            "from escrag.errors import run_main; from ray_jobs.services import JobServices\n"
+            f"cfg = load_config('configs/cpu-test.yaml', ['reward.rule=vowels', 'run.output_dir={tmp_path}'])\n"
+            "def job():\n"
+            f"    with JobServices(cfg, Path('{tmp_path}/c.yaml'), Path('{tmp_path}/logs'), need_retriever=False, "
+            "log=lambda m: print(m, flush=True)):\n"
+            "        time.sleep(600)\n"
+            "sys.exit(run_main('job', job))\n")
+    (tmp_path / "c.yaml").write_text("reward:\n  rule: vowels\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = ""
+        while "server up at" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr.read()[-3000:]
+        server_pid = int(re.search(r"\(pid (\d+)", line).group(1))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143, proc.stderr.read()[-3000:]
+        deadline = time.time() + 30
+        while time.time() < deadline and _alive(server_pid):
+            time.sleep(0.2)
+        assert not _alive(server_pid), "the reward server outlived the job"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"

@@ -363,21 +363,24 @@ def place(cfg: Config, gpus: float) -> Config:
     is vLLM or ``rollout.device`` is not cpu. Explicit ``grpo.learner_gpus`` / ``rollout.worker_gpus``
     are kept; the automatic ones share what they leave: a whole GPU each when there are enough, else
     equal fractions that pack onto the GPUs (1 GPU, learner + 1 worker: 0.5 each); when explicit
-    shares take every GPU, the automatic ones get none. No GPU: CPU for all (vLLM keeps asking for
-    one, as before). Mixing explicit and automatic shares on several GPUs may not pack: set both. ``auto`` devices then follow the shares: Ray 2.60 leaves
+    shares take every GPU, the automatic ones get none. No GPU: CPU for all; a vLLM worker too with
+    vLLM's CPU build, while a CUDA build keeps asking for one (a GPU node may join the cluster). Mixing explicit and automatic shares on several GPUs may not pack: set both. ``auto`` devices then follow the shares: Ray 2.60 leaves
     every GPU visible to an actor that asked for none, so an actor with no share is told cpu."""
     import dataclasses
     import math
 
     g, ro = cfg.grpo, cfg.rollout
+    from rollout.engines.vllm_engine import cpu_build
+
     learner_auto = g.learner_gpus is None and cfg.policy.device != "cpu" and gpus > 0
-    workers_auto = ro.worker_gpus is None and (ro.engine == "vllm" or (ro.device != "cpu" and gpus > 0))
+    vllm_gpu = ro.engine == "vllm" and (gpus > 0 or not cpu_build())
+    workers_auto = ro.worker_gpus is None and (vllm_gpu or (ro.device != "cpu" and gpus > 0))
     takers = int(learner_auto) + ro.num_workers * int(workers_auto)
     fixed = (g.learner_gpus or 0.0) + ro.num_workers * (ro.worker_gpus or 0.0)
     if takers == 0:
         share = 0.0
     elif gpus == 0:
-        share = 1.0  # only vLLM workers get here: they ask for a GPU and wait for one, as before
+        share = 1.0  # only CUDA vLLM workers get here: they ask for a GPU and wait for one
     elif fixed == 0:
         share = 1.0 if takers <= gpus else 1.0 / math.ceil(takers / gpus)
     else:  # what the explicit shares leave (nothing left: the automatic ones run on the CPU)

@@ -208,8 +208,8 @@ class RolloutConfig:
     torch_threads: Int = option(0, "torch intra-op threads per worker; 0: torch's default", ge=0)
     worker_cpus: Float = option(1.0, "Ray CPUs reserved per rollout worker actor", gt=0.0)
     worker_gpus: Float | None = option(None, "Ray GPUs per worker; None: auto (a share of the cluster's GPUs when "
-                                   "the engine runs on one, see trainer.learner.place); the vllm engine needs "
-                                   "> 0 (0 means 1)", ge=0.0)
+                                   "the engine runs on one, see trainer.learner.place; the vllm engine asks for 1 unless vLLM's "
+                                   "CPU build runs it on a cluster without GPUs)", ge=0.0)
     max_reissues: Int = option(3, "times the pool re-issues the states of a worker that died", ge=0)
     restart_timeout_s: Float = option(300.0, "how long the pool waits for Ray to restart a worker", gt=0.0)
     restart_poll_s: Float = option(0.1, "first poll of a restarting worker; doubles up to 20x", gt=0.0)
@@ -406,15 +406,15 @@ class OpenRLHFConfig:
     attn_implementation: Str = option("flash_attention_2", '"sdpa" where flash-attn is not installed')
     rollout_micro_batch_size: Int = option(8, "sequences per forward when making experience", ge=1)
     prefix_caching: Bool = option(True, "stage 2 re-reads the stage-1 prompt and ĉ: vLLM reuses their KV")
+    grad_accum_dtype: Literal["fp32", "bf16"] = option(
+        "fp32", "dtype DeepSpeed accumulates the micro-batches' gradients in (--ds.grad_accum_dtype): fp32 like "
+        "the local learner (ZeRO-3's gradient partition then takes 4 bytes a parameter per rank, not 2; "
+        "trainer/placement.py counts it)")
 
 
 @section
 class PlacementConfig:
     """Where the GPU consumers sit and what they need (``trainer/placement.py``, docs/cluster.md)."""
-    grad_accum_dtype: Literal["fp32", "bf16"] = option(
-        "fp32", "dtype DeepSpeed accumulates the micro-batches' gradients in (--ds.grad_accum_dtype): fp32 like "
-        "the local learner (ZeRO-3's gradient partition then takes 4 bytes a parameter per rank, not 2; "
-        "trainer/placement.py counts it)")
 
     gpus: Str | None = option(None, '"<count>x<GiB>", e.g. "2x80": the GPUs the plan is made for (OpenRLHF: every node\'s, '
                           "the head's first; --dry-run plans for them anywhere); the local job counts Ray's GPUs "

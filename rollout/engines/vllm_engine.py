@@ -80,13 +80,14 @@ class WeightSyncExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside each vLLM worker."""
 
     def escrag_load_weights(self, blob: bytes) -> int:
-        """``blob``: ``safetensors.torch.save`` of the named tensors (see the module doc)."""
+        """``blob``: ``safetensors.torch.save`` of the named tensors (see the module doc). Through the
+        worker's own ``reload_weights`` (checkpoint format): it restores the loaders that a backend's
+        post-load processing replaced (the CPU build's repacked linears) and processes the new weights
+        the same way."""
         from safetensors.torch import load
 
         named = load(bytes(blob))
-        model = self.model_runner.model
-        device = next(model.parameters()).device
-        model.load_weights(weights=((name, t.to(device)) for name, t in named.items()))
+        self.reload_weights(weights_iterator=iter(named.items()), is_checkpoint_format=True)
         return len(named)
 
 
@@ -109,6 +110,10 @@ class VLLMEngine(GenerationEngine):
                             kv_cache_memory_bytes=int(kv_cache_gb * 2**30) if kv_cache_gb else None,
                             enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                             worker_extension_cls=f"{__name__}.WeightSyncExtension")
+
+    @property
+    def _tied(self) -> bool:
+        return bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
 
     def _params(self, params: SamplingParams, seed: int):
         return self._vllm.SamplingParams(
@@ -137,9 +142,16 @@ class VLLMEngine(GenerationEngine):
         return Generation(ids, logprobs, text, reason, eos)
 
     def load_weights(self, weights: dict, version: int) -> None:
+        """``weights``: HF names (a learner's ``named_parameters``, which name a tied LM head only once, as
+        the embedding): for a tied model the embedding also goes in as ``lm_head.weight``, since a reload
+        leaves vLLM's head a tensor of its own (without it the head kept the old weights: a 0.8 nat
+        log-prob gap on the tiny model, tests/vllm_tier/test_vllm_engine.py)."""
         self._check_version(version)
         from safetensors.torch import save
 
+        weights = dict(weights)
+        if self._tied and "model.embed_tokens.weight" in weights and "lm_head.weight" not in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         # copies: safetensors refuses tensors that share storage (tied embeddings) and non-contiguous ones
         blob = save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights.items()})
         loaded = self.llm.collective_rpc("escrag_load_weights", args=(blob,))

@@ -109,3 +109,21 @@ def test_a_config_the_cpu_build_cannot_run_fails_at_load_naming_the_key():
         check_config(load_config("configs/cpu-test.yaml", ["rollout.engine=vllm", "rollout.dtype=float16",
                                                            f"policy.model={TINY}"]))
     assert load_tokenizer(TINY) is not None
+
+
+def test_a_learners_weights_reach_every_layer_and_the_tied_head(tiny):
+    """What a learner pushes: ``named_parameters``, which name the tied LM head once, as the embedding.
+    After the push the engine's log-probs equal the pushed model's forward (the head had kept the old
+    embedding: a 0.8 nat gap)."""
+    model = load_causal_lm(TINY)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tiny.load_weights({n: p.detach().clone() for n, p in model.named_parameters()}, version=tiny.version + 1)
+    prompt = _prompt(tiny.tokenizer)
+    (gen,) = tiny.generate([prompt], SamplingParams(12, **FULL), seeds=[4])
+    with torch.no_grad():
+        logp = model(torch.tensor([prompt + gen.token_ids])).logits[0].float().log_softmax(-1)
+    ref = logp[len(prompt) - 1:-1].gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(gen.logprobs), ref, atol=1e-4), (gen.logprobs, ref.tolist())
