@@ -38,7 +38,7 @@ def naive_train(cfg, pairs) -> dict:
 
     rc = cfg.reward
     start = time.perf_counter()
-    bb = Backbone(rc.backbone, rc.dtype, rc.max_length, cfg.data.max_history_turns)
+    bb = Backbone(rc.backbone, rc.compute_dtype, rc.max_length, cfg.data.max_history_turns)
     train, held = split_pairs(pairs, rc.heldout_fraction, cfg.run.seed)
 
     def feats(ps):
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         path = write_pairs(pairs, tmp / "pairs.jsonl")
         from reward_server.model import Backbone
 
-        Backbone(args.backbone, cfg.reward.dtype, cfg.reward.max_length)  # warm-up: imports and the page cache, outside the timings
+        Backbone(args.backbone, cfg.reward.compute_dtype, cfg.reward.max_length)  # warm-up: imports and the page cache, outside the timings
         ours = cached_train(cfg, path, tmp / "head")
         naive = naive_train(cfg, pairs)
     speedup = naive["seconds"] / ours["seconds"]

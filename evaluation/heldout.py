@@ -41,7 +41,7 @@ async def answer_all(cfg: Config, asks: list[tuple[str, list]], retriever_url: s
     from rollout.episode import answer, engine_chat
 
     batched = (cfg.rollout.engine == "transformers" and resolve_device(cfg.rollout.device) == "cpu"
-               and engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) in cpu_attention.DTYPES.values())
+               and engine_dtype(cfg.rollout.dtype, cfg.policy.compute_dtype, cfg.rollout.device) in cpu_attention.DTYPES.values())
     rows = cfg.rollout.max_batch if batched else 1  # a fixed row count: the kernels' shapes never change
     run = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch=rows, batch_invariant=batched))
     turns = [[ask] for ask in asks] if batched else [asks]

@@ -131,7 +131,7 @@ def identity(cfg: Config, system: EvalSystemConfig) -> dict:
            "max_history_turns": scfg.data.max_history_turns}
     if system.policy is not None:
         out.update(kind="policy", policy=system.policy, weights=_folder_fingerprint(system.policy),
-                   dtype=scfg.policy.dtype)
+                   dtype=scfg.policy.compute_dtype)
     else:
         ep = cfg.endpoints[system.endpoint]
         out.update(kind="endpoint", base_url=ep.base_url, model=ep.model)

@@ -56,11 +56,12 @@ def compute_note(cfg: Config) -> str:
     from escrag.models import engine_dtype, fast_bfloat16
 
     fast = fast_bfloat16("cpu")
-    rollout = engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device)
-    minutes = expected_minutes("bfloat16" if fast and "bfloat16" in (cfg.policy.dtype, rollout) else "float32")
+    learner, reward = cfg.policy.compute_dtype, cfg.reward.compute_dtype
+    rollout = engine_dtype(cfg.rollout.dtype, learner, cfg.rollout.device)
+    minutes = expected_minutes("bfloat16" if fast and "bfloat16" in (learner, rollout) else "float32")
     why = "" if fast else " (this CPU has no AMX / AVX512-BF16: bfloat16 matmuls would be emulated)"
     took = f"; a fresh-clone demo took ~{minutes} minutes on 2 cores in these dtypes" if minutes else ""
-    return f"compute: learner {cfg.policy.dtype}, rollout engine {rollout}, reward backbone {cfg.reward.dtype}{why}{took}"
+    return f"compute: learner {learner}, rollout engine {rollout}, reward backbone {reward}{why}{took}"
 
 
 def show_data_and_models(cfg: Config) -> None:

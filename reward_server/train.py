@@ -135,8 +135,8 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
     if rc.max_pairs and len(pairs) > rc.max_pairs:
         pairs = random.Random(seed).sample(pairs, rc.max_pairs)
     train, held = split_pairs(pairs, rc.heldout_fraction, seed)
-    log(f"{len(train)} training pairs, {len(held)} held-out pairs; backbone {rc.backbone} ({rc.dtype})")
-    backbone = Backbone(rc.backbone, rc.dtype, rc.max_length, cfg.data.max_history_turns, rc.device)
+    log(f"{len(train)} training pairs, {len(held)} held-out pairs; backbone {rc.backbone} ({rc.compute_dtype})")
+    backbone = Backbone(rc.backbone, rc.compute_dtype, rc.max_length, cfg.data.max_history_turns, rc.device)
     t0 = time.perf_counter()
     x_train, stats = _features(cfg, backbone, train)
     x_held, stats_h = _features(cfg, backbone, held)
@@ -144,7 +144,7 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
     weight, bias, epochs = fit_head(x_train, x_held, rc, seed, log)
     t2 = time.perf_counter()
     final = pair_metrics(weight, bias, *x_train, rc.center_coef)
-    manifest = {"backbone": rc.backbone, "backbone_fingerprint": backbone.fingerprint, "dtype": rc.dtype,
+    manifest = {"backbone": rc.backbone, "backbone_fingerprint": backbone.fingerprint, "dtype": rc.compute_dtype,
                 "max_length": rc.max_length, "max_history_turns": cfg.data.max_history_turns,
                 "pooling": "last_token", "pairs": str(pairs_path), "center_coef": rc.center_coef,
                 # the dialogues it saw (held-out pairs included): the evaluation's proxy RM avoids them

@@ -143,22 +143,29 @@ def test_config_show_bad_file_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_auto_dtypes_take_bfloat16_only_where_it_is_fast(monkeypatch, fast):
-    """``policy.dtype``, ``reward.dtype`` (the CPU demo's: auto) and ``safety.conv_dtype: auto`` resolve to
-    bfloat16 only where bfloat16 matmuls are fast (the probe of the CPU's flags stands in for the machine here), else
-    float32; a dtype given is kept either way."""
+def test_auto_dtypes_take_bfloat16_only_where_it_is_fast_and_are_resolved_where_used(monkeypatch, fast):
+    """``policy.dtype``, ``reward.dtype`` (the CPU demo's: auto) and ``safety.conv_dtype: auto`` stay
+    ``auto`` in the loaded config and resolve where they are used (``compute_dtype``, ``conv_dtype``) to
+    bfloat16 only where bfloat16 matmuls are fast (the probe of the CPU's flags stands in for the machine
+    here), else float32: a config loaded on one machine resolves on the one that computes. A dtype given is
+    kept either way; the placement plan, made for GPUs, counts auto as bfloat16."""
     import escrag.models
     from escrag.safety.backbone import conv_dtype
+    from trainer.placement import gpu_dtype
 
+    monkeypatch.setattr(escrag.models, "fast_bfloat16", lambda device: not fast)
+    demo = load_config(CONFIGS / "cpu-demo.yaml")  # loaded where the probe says the opposite
     monkeypatch.setattr(escrag.models, "fast_bfloat16", lambda device: fast)
     want = "bfloat16" if fast else "float32"
-    demo = load_config(CONFIGS / "cpu-demo.yaml")
-    assert demo.policy.dtype == want and demo.reward.dtype == want and conv_dtype(demo.safety) == want
+    assert (demo.policy.dtype, demo.reward.dtype) == ("auto", "auto")
+    assert demo.policy.compute_dtype == want and demo.reward.compute_dtype == want and conv_dtype(demo.safety) == want
+    assert gpu_dtype(demo.policy.dtype) == "bfloat16"
     test = load_config(CONFIGS / "cpu-test.yaml")
-    assert (test.policy.dtype, test.reward.dtype) == ("float32", "float32")
+    assert (test.policy.compute_dtype, test.reward.compute_dtype) == ("float32", "float32")
     fixed = load_config(CONFIGS / "cpu-demo.yaml", ["policy.dtype=bfloat16", "reward.dtype=float32",
                                                     "safety.conv_dtype=float32"])
-    assert (fixed.policy.dtype, fixed.reward.dtype, conv_dtype(fixed.safety)) == ("bfloat16", "float32", "float32")
+    assert (fixed.policy.compute_dtype, fixed.reward.compute_dtype, conv_dtype(fixed.safety)) == \
+        ("bfloat16", "float32", "float32")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

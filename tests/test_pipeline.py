@@ -55,7 +55,7 @@ def test_demo_names_its_dtypes_and_the_time_they_took(capsys):
     fast = fast_bfloat16("cpu")
     show_data_and_models(cfg)
     note = capsys.readouterr().out.splitlines()[-1]
-    assert f"learner {'bfloat16' if fast else 'float32'}" in note and f"reward backbone {cfg.reward.dtype}" in note
+    assert f"learner {'bfloat16' if fast else 'float32'}" in note and f"reward backbone {cfg.reward.compute_dtype}" in note
     assert f"~{expected_minutes('bfloat16' if fast else 'float32')} minutes" in note and ("AVX512-BF16" in note) != fast
     assert expected_minutes("bfloat16") < expected_minutes("float32")
     f32 = compute_note(load_config("configs/cpu-demo.yaml", ["policy.dtype=float32", "rollout.dtype=float32"]))

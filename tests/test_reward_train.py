@@ -65,7 +65,7 @@ def test_final_loss_matches_hand_computation_from_cache_and_head(small_run):
     cfg, pairs_path, tmp, m = small_run
     head = load_file(str(tmp / "head" / "head.safetensors"))
     w, b = head["weight"].double().tolist(), float(head["bias"][0])
-    bb = Backbone(cfg.reward.backbone, cfg.reward.dtype, cfg.reward.max_length, cfg.data.max_history_turns)
+    bb = Backbone(cfg.reward.backbone, cfg.reward.compute_dtype, cfg.reward.max_length, cfg.data.max_history_turns)
     cache = FeatureCache(cfg.reward.feature_cache, bb.fingerprint, bb.hidden_size)
     train, held = split_pairs(load_pairs(pairs_path), cfg.reward.heldout_fraction, cfg.run.seed)
 

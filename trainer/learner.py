@@ -72,7 +72,8 @@ def recompute_old(cfg: Config) -> bool:
         return flag
     if cfg.rollout.engine == "vllm":
         return True
-    return engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device) != cfg.policy.dtype
+    dtype = cfg.policy.compute_dtype
+    return engine_dtype(cfg.rollout.dtype, dtype, cfg.rollout.device) != dtype
 
 
 def decoupled(cfg: Config) -> bool:
@@ -96,7 +97,7 @@ class Learner:
         eval_mode(self.model)
         self.ref = None
         if g.kl_coef > 0 and not is_lora(self.model):
-            self.ref = copy.deepcopy(self.model).to(torch_dtype(cfg.policy.dtype)).requires_grad_(False)
+            self.ref = copy.deepcopy(self.model).to(torch_dtype(cfg.policy.compute_dtype)).requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=g.lr, weight_decay=0.0)
         self.temperature, self.recompute, self.decoupled = cfg.rollout.temperature, recompute_old(cfg), decoupled(cfg)
@@ -242,7 +243,7 @@ class Learner:
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Weights to push to the rollout workers (see module docstring): HF names of the base model,
         on the CPU, cast once to ``policy.dtype``."""
-        dtype = torch_dtype(self.cfg.policy.dtype)
+        dtype = torch_dtype(self.cfg.policy.compute_dtype)
         if is_lora(self.model):
             weights = lora_merged_weights(self.model)
         else:

@@ -86,6 +86,11 @@ DS_SUB_GROUP = 10**9  # sub_group_size: the step converts one sub-group's gradie
 # ------------------------------------------------------------------------------ estimates (GiB)
 
 
+def gpu_dtype(dtype: str) -> str:
+    """A dtype as it is on a GPU, for which every plan is made: ``auto`` is bfloat16 there."""
+    return "bfloat16" if dtype == "auto" else dtype
+
+
 def weights_gb(s: Shape, dtype: str) -> float:
     return s.params * BYTES[dtype] / GIB
 
@@ -266,11 +271,11 @@ def _policy_state(cfg: Config, s: Shape, zero: tuple[int, int, bool] | None) -> 
     if lora.enabled:
         adapters = s.layers * sum(lora.r * sum(_dims(s)[m]) for m in lora.target_modules if m in _dims(s))
         shards = zero[1] if zero and zero[0] == 3 else 1
-        base = weights_gb(s, cfg.policy.dtype if zero else "float32") / shards
+        base = weights_gb(s, gpu_dtype(cfg.policy.dtype) if zero else "float32") / shards
         return base + 16 * adapters / GIB, f"LoRA: frozen weights {base:.1f} + adapters"
     if zero:
         return zero_state_gb(s, *zero), f"ZeRO-{zero[0]} over {zero[1]} ranks"
-    cast = 2 * s.params / GIB if cfg.policy.dtype != "float32" else 0.0
+    cast = 2 * s.params / GIB if gpu_dtype(cfg.policy.dtype) != "float32" else 0.0
     return 16 * s.params / GIB + cast, "fp32 weights+grads+Adam 16P" + (" + bf16 casts 2P" if cast else "")
 
 
@@ -283,7 +288,7 @@ def _dims(s: Shape) -> dict[str, tuple[int, int]]:
 
 def _train_acts(cfg: Config, s: Shape, seq: int, logit_len: int, residual: int) -> tuple[float, str]:
     """Activations of one training micro-batch of ``seq`` tokens a row, ``logit_len`` scored."""
-    b, mb, ckpt = BYTES[cfg.policy.dtype], cfg.grpo.micro_batch_size, cfg.policy.gradient_checkpointing
+    b, mb, ckpt = BYTES[gpu_dtype(cfg.policy.dtype)], cfg.grpo.micro_batch_size, cfg.policy.gradient_checkpointing
     gb = train_acts_gb(s, mb * seq, ckpt, b, residual, mb * logit_len)
     return gb, f"activations {mb}x{seq} tokens{' (checkpointed)' if ckpt else ''} {gb:.1f}"
 
@@ -304,7 +309,7 @@ def _openrlhf(cfg: Config, plan: Plan) -> list[int]:
     ``PPOTrainer.ppo_train``'s ``_run_sleep`` reloads and offloads only actor and critic); ``vllm:e
     asleep`` keeps its context and CUDA graphs."""
     o, pc, s = cfg.openrlhf, cfg.placement, shape_of(cfg.policy.model)
-    ovh, dtype = pc.process_overhead_gb, cfg.policy.dtype
+    ovh, dtype = pc.process_overhead_gb, gpu_dtype(cfg.policy.dtype)
     ranks, ref, tp = o.nodes * o.gpus_per_node, cfg.grpo.kl_coef > 0, o.vllm_tensor_parallel
     need = ranks if o.colocate else ranks * (1 + ref) + engines(cfg) * tp
     if len(plan.gpus) < need:
@@ -413,7 +418,7 @@ def learner_gb(cfg: Config, s: Shape, seq: int, scored: int) -> tuple[float, str
     """(GiB, how) of the local learner with micro-batches of ``seq``-token rows, ``scored`` of them
     trained: policy state, frozen reference and one micro-batch's activations (no process overhead)."""
     state, how = _policy_state(cfg, s, None)
-    ref = weights_gb(s, cfg.policy.dtype) if cfg.grpo.kl_coef > 0 and not cfg.policy.lora.enabled else 0.0
+    ref = weights_gb(s, gpu_dtype(cfg.policy.dtype)) if cfg.grpo.kl_coef > 0 and not cfg.policy.lora.enabled else 0.0
     acts, what = _train_acts(cfg, s, seq, scored, residual=4)
     return state + ref + acts, f"{how} {state:.1f} + reference {ref:.1f} + {what}"
 
@@ -435,7 +440,7 @@ def _worker_claims(cfg: Config, w: int) -> list[Claim]:
     else:
         from rollout.engines.hf_engine import PREFILL_TOKENS
 
-        s, dtype = shape_of(cfg.policy.model), "bfloat16" if ro.dtype == "auto" else ro.dtype  # auto on a GPU
+        s, dtype = shape_of(cfg.policy.model), gpu_dtype(ro.dtype)
         w_gb, kv = weights_gb(s, dtype), kv_gb(s, ro.max_batch * ro.max_seq_len + ro.prefix_cache_tokens, BYTES[dtype])
         fwd = forward_gb(s, PREFILL_TOKENS, BYTES[dtype])
         claims = [Claim(f"worker:{w}", w_gb + kv + fwd + ovh,
@@ -453,8 +458,9 @@ def _services(cfg: Config) -> list[tuple[str, str, object]]:
 
     def reward() -> Claim:
         s, tokens = shape_of(r.backbone), r.max_batch * r.max_length
-        w, f = weights_gb(s, r.dtype), forward_gb(s, tokens, BYTES[r.dtype])
-        return Claim("reward", w + f + ovh, what=f"{r.backbone} {r.dtype} {w:.1f} + forward of "
+        dtype = gpu_dtype(r.dtype)
+        w, f = weights_gb(s, dtype), forward_gb(s, tokens, BYTES[dtype])
+        return Claim("reward", w + f + ovh, what=f"{r.backbone} {dtype} {w:.1f} + forward of "
                      f"{r.max_batch}x{r.max_length} tokens {f:.1f} + {ovh:g}")
 
     def embedder() -> Claim:
@@ -491,10 +497,10 @@ def _fit_vllm(cfg: Config, plan: Plan) -> None:
     for g, c in claims:
         left = min(c.gb, g.cap - (g.need(c.phase) - c.gb))
         util = min(util, math.floor(100 * max(left, 0.0) / g.cap) / 100)
-    s, b = shape_of(cfg.policy.model), BYTES[cfg.policy.dtype]
+    s, b = shape_of(cfg.policy.model), BYTES[gpu_dtype(cfg.policy.dtype)]
     tp = cfg.openrlhf.vllm_tensor_parallel if plan.backend == "openrlhf" else 1
     seq = cfg.openrlhf.max_len if plan.backend == "openrlhf" else cfg.rollout.max_seq_len
-    need = weights_gb(s, cfg.policy.dtype) / tp + kv_gb(s, seq, b) / tp
+    need = weights_gb(s, gpu_dtype(cfg.policy.dtype)) / tp + kv_gb(s, seq, b) / tp
     for g, c in claims:
         c.gb, c.what = util * g.cap, (f"{VLLM}: {util:g} of the GPU's {g.cap:g} (its CUDA graphs inside, vLLM >= 0.21; "
                                       f"weights {need:.1f} with one {seq}-token KV)")

@@ -45,8 +45,8 @@ def build_policy(cfg: PolicyConfig, model: str | None = None):
         peft_cfg = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
                               target_modules=list(lc.target_modules), task_type="CAUSAL_LM")
         lm = get_peft_model(lm, peft_cfg)
-        if cfg.dtype != "float32":
-            store_frozen_linears(lm, torch_dtype(cfg.dtype))
+        if cfg.compute_dtype != "float32":
+            store_frozen_linears(lm, torch_dtype(cfg.compute_dtype))
     lm.train()
     return lm, tok
 
@@ -91,11 +91,11 @@ def eval_mode(model):
 
 
 def compute(cfg: PolicyConfig, model):
-    """The context forward passes run in: autocast to ``cfg.dtype`` unless it is float32."""
-    if cfg.dtype == "float32":
+    """The context forward passes run in: autocast to ``cfg.compute_dtype`` unless it is float32."""
+    if cfg.compute_dtype == "float32":
         return contextlib.nullcontext()
     device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=torch_dtype(cfg.dtype))
+    return torch.autocast(device_type=device, dtype=torch_dtype(cfg.compute_dtype))
 
 
 def is_lora(model) -> bool:

@@ -8,8 +8,9 @@ the key-path messages are ``escrag.config.load``; the run-folder layout is ``esc
 Defaults are Table 4 of the paper where it gives a value; ``configs/`` holds the presets. Pydantic does
 the validation (``extra="forbid"``, ``Field`` ranges, ``Literal`` choices, and the scalar rules of
 ``Int``/``Float``/``Bool``/``Str`` below). The sections stay real dataclasses: ``dataclasses.replace``
-validates the new values too. ``auto`` dtypes are resolved when a section is built
-(``escrag.models.resolve_auto_dtype``: a GPU, or a CPU with AMX / AVX512-BF16, gets bfloat16).
+validates the new values too. ``auto`` dtypes stay ``auto`` here and are resolved where they are
+used (``compute_dtype``, ``escrag.models.resolve_auto_dtype``: a GPU, or a CPU with AMX / AVX512-BF16,
+gets bfloat16; the placement plan and the OpenRLHF launcher, which plan for GPUs, take bfloat16).
 """
 
 from __future__ import annotations
@@ -105,14 +106,17 @@ class PolicyConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
         "float32", "compute dtype of the learner and SFT (autocast; weights stay float32) and the engines' "
         "weights; auto = bfloat16 where it is fast (policy.device a GPU, or a CPU with AMX / AVX512-BF16), "
-        "else float32, resolved when the config is loaded")
+        "else float32, resolved where it is used (compute_dtype)")
     device: Str = option("auto", "learner, its reference and SFT: auto = cuda when a GPU is visible, else cpu")
     gradient_checkpointing: Bool = option(False, "recompute each decoder layer's activations in the backward pass "
                                       "(learner, SFT and the OpenRLHF actor): less memory, ~1/3 more compute")
     lora: LoraConfig = subsection(LoraConfig, "LoRA adapters of the learner and SFT")
 
-    def __post_init__(self):
-        self.dtype = resolve_auto_dtype(self.dtype, self.device)
+    @property
+    def compute_dtype(self) -> str:
+        """``dtype`` with ``auto`` resolved for ``device`` on this machine, where it is used (a preset
+        loaded on a driver without a GPU keeps ``auto`` for the process that has one)."""
+        return resolve_auto_dtype(self.dtype, self.device)
 
 
 @section
@@ -185,8 +189,11 @@ class RewardConfig:
     wait_s: Float = option(300.0, "client: all attempts of one call (see retriever.wait_s)", gt=0.0)
     backoff_s: Float = option(0.5, "client: first retry delay; doubles up to 8x", gt=0.0)
 
-    def __post_init__(self):
-        self.dtype = resolve_auto_dtype(self.dtype, self.device)
+    @property
+    def compute_dtype(self) -> str:
+        """``dtype`` with ``auto`` resolved for ``device`` on this machine, where it is used (a preset
+        loaded on a driver without a GPU keeps ``auto`` for the process that has one)."""
+        return resolve_auto_dtype(self.dtype, self.device)
 
 
 @section

@@ -27,5 +27,5 @@ def make_engine(cfg, model_spec: str | None = None, seed: int | None = None) -> 
                           enforce_eager=ro.vllm_enforce_eager)
     from rollout.engines.hf_engine import HFEngine
 
-    dtype = engine_dtype(cfg.rollout.dtype, cfg.policy.dtype, cfg.rollout.device)
+    dtype = engine_dtype(cfg.rollout.dtype, cfg.policy.compute_dtype, cfg.rollout.device)
     return HFEngine(spec, cfg.rollout, dtype=dtype, seed=seed)

@@ -53,7 +53,7 @@ def cpu_build() -> bool:
 
 
 def engine_dtype(cfg: Config) -> str:
-    return cfg.policy.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
+    return cfg.policy.compute_dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
 
 
 def check_config(cfg: Config) -> None:

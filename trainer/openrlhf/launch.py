@@ -41,7 +41,7 @@ from pathlib import Path
 from escrag.config import Config, ConfigError, output_path
 from escrag.errors import UserError
 from trainer.openrlhf.ranks import check_rank_split
-from trainer.placement import engines, plan_for
+from trainer.placement import engines, gpu_dtype, plan_for
 
 OPENRLHF_VERSION = "0.11.2"  # the `cluster` extra pins the same version (a test checks)
 ENTRY = "openrlhf.cli.train_ppo_ray"
@@ -92,7 +92,7 @@ def agent_path() -> str:
 def check_config(cfg: Config) -> None:
     """Refuse settings OpenRLHF cannot express, naming the key."""
     o, g = cfg.openrlhf, cfg.grpo
-    if cfg.policy.dtype not in _DTYPES:
+    if gpu_dtype(cfg.policy.dtype) not in _DTYPES:
         raise ConfigError(f"policy.dtype: OpenRLHF trains in bfloat16 or float16, got {cfg.policy.dtype!r}")
     if g.ratio_level != "token":
         raise ConfigError("grpo.ratio_level: OpenRLHF has per-token ratios only (its gspo is the length-"
@@ -139,7 +139,7 @@ def _algorithm(cfg: Config) -> list[str]:
 
 def _deepspeed(cfg: Config) -> list[str]:
     o, lora = cfg.openrlhf, cfg.policy.lora
-    argv = ["--ds.zero_stage", str(o.zero_stage), "--ds.param_dtype", _DTYPES[cfg.policy.dtype],
+    argv = ["--ds.zero_stage", str(o.zero_stage), "--ds.param_dtype", _DTYPES[gpu_dtype(cfg.policy.dtype)],
             "--ds.grad_accum_dtype", o.grad_accum_dtype,  # DeepSpeed's data_types; fp32 like the local learner
             "--ds.attn_implementation", o.attn_implementation,
             "--train.micro_batch_size", str(cfg.grpo.micro_batch_size),
