@@ -181,13 +181,14 @@ def run_pipeline(cfg: Config, until: str | None = None, log=print) -> dict:
     stage's key and whether it ran."""
     if until is not None and until not in STAGES:
         raise UserError(f"--until {until}: unknown stage (stages: {', '.join(STAGES)})")
-    from rollout.engines.vllm_engine import check_config
-
-    check_config(cfg)  # before any stage runs, not hours later at the GRPO stage
-    if cfg.grpo.backend == "openrlhf":
+    if cfg.grpo.backend == "openrlhf":  # before any stage runs, not hours later at the GRPO stage
         from trainer.openrlhf.ranks import check_rank_split
 
         check_rank_split(cfg)
+    else:  # the local backend's engine (OpenRLHF brings its own vLLM on the cluster)
+        from rollout.engines.vllm_engine import check_config
+
+        check_config(cfg)
     paths = run_paths(cfg)
     manifest, keys, report = Manifest(paths.manifest), {}, {}
     for stage in STAGES[: STAGES.index(until) + 1 if until else len(STAGES)]:
