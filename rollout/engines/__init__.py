@@ -19,10 +19,10 @@ def make_engine(cfg, model_spec: str | None = None, seed: int | None = None) -> 
     spec = model_spec or cfg.policy.model
     seed = cfg.run.seed if seed is None else seed
     if cfg.rollout.engine == "vllm":
-        from rollout.engines.vllm_engine import VLLMEngine, engine_dtype
+        from rollout.engines.vllm_engine import VLLMEngine, vllm_dtype
 
         ro = cfg.rollout
-        return VLLMEngine(spec, dtype=engine_dtype(cfg), seed=seed, gpu_memory_utilization=ro.vllm_gpu_memory,
+        return VLLMEngine(spec, dtype=vllm_dtype(cfg), seed=seed, gpu_memory_utilization=ro.vllm_gpu_memory,
                           max_model_len=ro.max_seq_len, kv_cache_gb=ro.vllm_kv_cache_gb,
                           enforce_eager=ro.vllm_enforce_eager)
     from rollout.engines.hf_engine import HFEngine

@@ -52,7 +52,8 @@ def cpu_build() -> bool:
         return False
 
 
-def engine_dtype(cfg: Config) -> str:
+def vllm_dtype(cfg: Config) -> str:
+    """The vLLM engine's weights: ``rollout.dtype``, ``auto`` being the learner's compute dtype."""
     return cfg.policy.compute_dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
 
 
@@ -64,8 +65,8 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"rollout.engine: vllm is not installed in this environment ({sys.executable}); {INSTALL}")
     if not cpu_build():
         return
-    if engine_dtype(cfg) not in CPU_DTYPES:
-        raise ConfigError(f"rollout.dtype: vLLM's CPU build runs {' or '.join(CPU_DTYPES)}, got {engine_dtype(cfg)!r}")
+    if vllm_dtype(cfg) not in CPU_DTYPES:
+        raise ConfigError(f"rollout.dtype: vLLM's CPU build runs {' or '.join(CPU_DTYPES)}, got {vllm_dtype(cfg)!r}")
     from escrag.models import resolve_model
     from escrag.shapes import shape_of
 
