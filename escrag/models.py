@@ -188,19 +188,42 @@ def resolve_device(device: str) -> str:
     return device
 
 
+# CPU classes, slowest first: what the auto dtypes (``fast_bfloat16``) and the demo's sizes follow
+CPU_CLASSES = ("baseline", "avx2", "avx512", "avx512-bf16", "amx")
+# the caps the kernels' own environment variables put on a class: torch's dispatch
+# (``ATEN_CPU_CAPABILITY``: default / avx2 / avx512, its highest on x86) and oneDNN, which runs the
+# bfloat16 GEMMs (``ONEDNN_MAX_CPU_ISA``); a value not listed caps nothing
+_ATEN_CAP = {"default": "baseline", "avx2": "avx2"}
+_ONEDNN_CAP = {"sse41": "baseline", "avx": "baseline", "avx2": "avx2", "avx2_vnni": "avx2", "avx2_vnni_2": "avx2",
+               "avx512_core": "avx512", "avx512_core_vnni": "avx512", "avx512_core_bf16": "avx512-bf16",
+               "avx512_core_fp16": "avx512-bf16", "avx10_1_512": "avx512-bf16"}
+
+
+def cpu_class() -> str:
+    """This CPU's class (``CPU_CLASSES``): the highest its Linux ``/proc/cpuinfo`` flags allow (AMX,
+    AVX512-BF16, AVX512F, AVX2), held down to what ``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA``
+    let torch and oneDNN use, so that ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` makes an
+    AVX-512 machine an AVX2 one here too; ``baseline`` without flags (another OS, another ISA)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
+    have = next((c for c, f in (("amx", "amx_bf16"), ("avx512-bf16", "avx512_bf16"), ("avx512", "avx512f"),
+                                ("avx2", "avx2")) if f in flags), "baseline")
+    caps = [_ATEN_CAP.get(os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower(), "amx"),
+            _ONEDNN_CAP.get(os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().lower(), "amx")]
+    return min([have, *caps], key=CPU_CLASSES.index)
+
+
 def fast_bfloat16(device: str) -> bool:
     """Whether ``device`` multiplies bfloat16 much faster than float32: a CUDA GPU with bfloat16, or
-    a CPU with AMX or AVX512-BF16 (Linux ``/proc/cpuinfo`` flags; elsewhere False)."""
+    a CPU of class AMX or AVX512-BF16 (``cpu_class``: its flags, capped by the kernels' environment)."""
     import torch
 
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
-    return bool(flags & {"amx_bf16", "avx512_bf16"})
+    return cpu_class() in ("avx512-bf16", "amx")
 
 
 def engine_dtype(rollout_dtype: str, policy_dtype: str, device: str) -> str:

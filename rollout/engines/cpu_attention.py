@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from escrag.models import build_once
+from escrag.models import build_once, cpu_class
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_attention.c")
@@ -45,8 +45,12 @@ _KERNELS: dict[tuple, object] = {}  # (head_dim, groups) -> the loaded library, 
 
 
 def _flags() -> list[str]:
-    flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    # an AVX2 class on an AVX-512 CPU (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA, escrag.models.cpu_class):
+    # the kernels keep to that class's instructions too
+    march = {"baseline": "x86-64-v2", "avx2": "x86-64-v3"}.get(cpu_class(), "native") if x86 else "native"
+    flags = ["-O3", f"-march={march}", "-ffast-math", "-fopenmp", "-fPIC"]
+    if x86:
         flags.append("-mprefer-vector-width=512")  # a no-op without AVX512
     return flags
 
