@@ -6,7 +6,7 @@ covers every category), bad requests get a 422
 with a detail, ``--no-rag`` without a retriever is a clear CLI error; ``--endpoint`` mode runs the same
 two-stage path over a remote OpenAI-compatible model (the scripted double of tests/openai_double.py);
 hostile input (lone surrogates, a multi-megabyte message, a chunked body past the limit) gets a 4xx
-at once from all three kinds of server; ``rollout.episode.answer`` runs in-process on the same retriever.
+at once from all three kinds of server; a 20 MB body reaches every common client as its 413 (issue 55); ``rollout.episode.answer`` runs in-process on the same retriever.
 A real reply, its stream and ``/v1/models`` validate against the response models of
 ``rollout.counselor.protocol``, which the OpenAPI schema of ``build_app`` names.
 Run: .venv/bin/python -m pytest -q tests/test_counselor.py"""
@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import httpx
 import openai
@@ -188,6 +189,99 @@ def test_hostile_input_gets_4xx_at_once(urls, serve):
             yield b"x" * 262_144
     r = httpx.post(f"{urls['counselor']}/v1/chat/completions", content=chunks(), timeout=60)
     assert r.status_code == 413
+
+
+BIG = 20 * 1024 * 1024  # past every server's limit, within the bound a guard reads and discards
+
+
+def _pieces(body: bytes, size: int = 256 * 1024):
+    return (body[i:i + size] for i in range(0, len(body), size))
+
+
+def _send_whole(url: str, path: str, body: bytes, how: str) -> tuple[int, dict]:
+    """POST ``body`` whole with one client, then read the answer: (status, JSON body)."""
+    import http.client
+    import urllib.request
+
+    import requests
+
+    parts, headers = urllib.parse.urlsplit(url), {"content-type": "application/json"}
+    if how.startswith("http.client"):
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+        if how.endswith("close"):
+            headers["connection"] = "close"
+        if how.endswith("chunked"):
+            conn.request("POST", path, body=_pieces(body), headers=headers, encode_chunked=True)
+        else:
+            conn.request("POST", path, body=body, headers=headers)
+        resp = conn.getresponse()
+        status, answer = resp.status, json.loads(resp.read())
+        if how == "http.client":  # keep-alive: the connection still serves the next request
+            conn.request("GET", "/health")
+            assert conn.getresponse().status == 200, "the connection did not survive its 413"
+        conn.close()
+        return status, answer
+    if how == "urllib":  # sends Connection: close
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + path, data=body, headers=headers), timeout=60):
+                raise AssertionError("no 413")
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+    if how == "requests":
+        r = requests.post(url + path, data=body, headers=headers, timeout=60)
+        return r.status_code, r.json()
+    r = httpx.post(url + path, headers=headers, timeout=60, content=_pieces(body) if how == "httpx chunked" else body)
+    return r.status_code, r.json()
+
+
+def test_a_body_past_the_limit_gets_its_413_through_every_client(urls, serve):
+    """20 MB sent whole, by length and chunked, through the standard library (keep-alive and
+    ``Connection: close``), urllib, requests, httpx and the openai package: every server answers 413
+    with JSON naming its limit, and the client reads it (a guard that answers before reading the body
+    lets the server close on a client still sending: a reset, not a 413)."""
+    reward = serve(["reward", "--rule", "length:3"])
+    cfg, test = load_config(), load_config("configs/cpu-test.yaml").counselor.max_body_bytes
+    body = b'{"queries": ["' + b"a" * BIG + b'"]}'
+    clients = ("http.client", "http.client close", "http.client chunked", "urllib", "requests", "httpx",
+               "httpx chunked")
+    for url, path, limit in ((urls["retriever"], "/retrieve", cfg.retriever.max_body_bytes),
+                             (reward, "/score", cfg.reward.max_body_bytes), (reward, "/get_reward", cfg.reward.max_body_bytes),
+                             (urls["counselor"], "/v1/chat/completions", test)):
+        for how in clients:
+            status, answer = _send_whole(url, path, body, how)
+            assert status == 413 and answer == {"detail": f"request body larger than {limit} bytes"}, (path, how)
+    client = openai.OpenAI(base_url=f"{urls['counselor']}/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="c", messages=[{"role": "user", "content": "a" * BIG}])
+    assert err.value.status_code == 413 and f"larger than {test} bytes" in err.value.response.json()["detail"]
+    keyed = serve(["reward", "--rule", "length:3", "--api-key", "k"])  # no token: its 401 arrives the same way
+    assert _send_whole(keyed, "/score", body, "urllib") == (401, {"detail": "missing or wrong bearer token"})
+
+
+def _raw(url: str, head: bytes) -> bytes:
+    """Send a request head alone over a socket and return everything the server sends until it closes."""
+    import socket
+
+    parts = urllib.parse.urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(head)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_body_it_will_not_read_is_refused_at_once_and_the_connection_closed(urls):
+    """Past the bound a guard reads (``escrag.web.serving.DRAIN_BYTES``), or with ``Expect:
+    100-continue`` (the client waits before sending), the 413 goes out at once, without a body read,
+    and the server closes after it: no 100 Continue, no wait for bytes that may never come."""
+    from escrag.web.serving import DRAIN_BYTES
+
+    for extra in (f"content-length: {DRAIN_BYTES + 1}", f"content-length: {BIG}\r\nexpect: 100-continue"):
+        head = f"POST /retrieve HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}\r\n\r\n"
+        answer = _raw(urls["retriever"], head.encode()).decode()
+        assert answer.startswith("HTTP/1.1 413") and "connection: close" in answer.lower(), answer
+        assert "100 Continue" not in answer and answer.endswith("bytes\"}"), answer
 
 
 def test_replies_validate_against_the_response_models(urls, tiny_model):

@@ -1,13 +1,14 @@
 """What every HTTP service of the project shares (design section 3).
 
 Owns: bearer-token auth (compared in constant time), the request-size limit (the header and the
-streamed body alike), refusing bodies that are not UTF-8 and JSON strings that hold malformed Unicode
-(lone surrogates, raw or escaped, which would fail deep inside a tokenizer or an embedder, and then
-for every request batched with them), the one mapping from the project's error classes to HTTP
-answers, ``GET /health`` and ``GET /metrics`` (Prometheus text from a registry private to each app, so
-several apps can live in one process), request counters and latency histograms labelled by route
-template (an unknown path counts as ``unmatched``, so random paths cannot grow the metrics), and
-``serve()`` which runs uvicorn on 127.0.0.1 unless told otherwise.
+streamed body alike; a refused body is read and discarded first, up to a bound, so that the client
+reads its 413 or 401 instead of a reset), refusing bodies that are not UTF-8 and JSON strings that
+hold malformed Unicode (lone surrogates, raw or escaped, which would fail deep inside a tokenizer or
+an embedder, and then for every request batched with them), the one mapping from the project's
+error classes to HTTP answers, ``GET /health`` and ``GET /metrics`` (Prometheus text from a registry
+private to each app, so several apps can live in one process), request counters and latency
+histograms labelled by route template (an unknown path counts as ``unmatched``, so random paths
+cannot grow the metrics), and ``serve()`` which runs uvicorn on 127.0.0.1 unless told otherwise.
 
 What an unauthenticated caller sees: with an API key set, ``/health`` answers only ``{"status":
 "ok"}`` (the service's own fields, such as model folders, need the key) and ``/metrics`` aggregate
@@ -39,6 +40,7 @@ from starlette.routing import Match
 from escrag.errors import Overloaded, ServiceError, UserError
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
+DRAIN_BYTES = 64 * 1024 * 1024  # a refused body is read to its end up to this (twice the limit if larger)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OPEN_PATHS = ("/health", "/metrics")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -110,6 +112,7 @@ class Guard:
 
     def __init__(self, app, metrics: AppMetrics, api_key: str | None, max_body_bytes: int, router):
         self.app, self.metrics, self.api_key, self.max_body = app, metrics, api_key, max_body_bytes
+        self.drain_bytes = max(DRAIN_BYTES, 2 * max_body_bytes)  # read and discarded before a refusal
         self.router = router  # the app's routes: a request is counted under its route's template
 
     async def __call__(self, scope, receive, send):
@@ -137,26 +140,48 @@ class Guard:
         return UNMATCHED
 
     async def _check(self, scope, receive):
-        """(a JSONResponse refusing the request, or None; the receive channel to pass on)."""
+        """(a JSONResponse refusing the request, or None; the receive channel to pass on).
+
+        A refusal goes out only after the whole body is read (discarded), up to ``drain_bytes``: a
+        server that answers while its client still sends, then closes (``Connection: close``, or a
+        client that asked for it), resets the connection and the client never reads its answer. A body
+        past that bound, or one the client waits to send (``Expect: 100-continue``), is answered at
+        once with ``Connection: close``; uvicorn closes only after the answer is written."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         scope.setdefault("state", {})["authorized"] = authorized(headers, self.api_key)
+        size = headers.get("content-length", "")
+        too_big = bool(size) and (not size.isdigit() or int(size) > self.max_body)
+        if too_big and (not size.isdigit() or int(size) > self.drain_bytes
+                        or "100-continue" in headers.get("expect", "").lower()):
+            return self._too_big(close=True), receive
         if not scope["state"]["authorized"] and scope["path"] not in OPEN_PATHS:
-            return _refuse(401, "missing or wrong bearer token"), receive
-        size = headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > self.max_body):
-            return _refuse(413, f"request body larger than {self.max_body} bytes"), receive
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
-            return None, receive
-        body = b""
+            _, whole = await self._read(receive, 0)
+            return _refuse(401, "missing or wrong bearer token", close=not whole), receive
+        body, whole = await self._read(receive, self.max_body)
+        if too_big or body is None:
+            return self._too_big(close=not whole), receive
+        problem = malformed_unicode(body) if body else None
+        return (_refuse(400, problem) if problem else None), _replay(body, receive)
+
+    async def _read(self, receive, keep: int) -> tuple[bytes | None, bool]:
+        """Read the request body to its end, keeping at most ``keep`` bytes: (the body, or None when it
+        is longer; False when reading stopped at ``drain_bytes`` with more to come)."""
+        body, seen = bytearray(), 0
         while True:
             message = await receive()
-            body += message.get("body", b"")
-            if len(body) > self.max_body:  # a chunked body has no content-length to check
-                return _refuse(413, f"request body larger than {self.max_body} bytes"), receive
+            if message["type"] != "http.request":  # the client went away
+                return (bytes(body) if seen <= keep else None), True
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen <= keep:
+                body += chunk
             if not message.get("more_body"):
-                break
-        problem = malformed_unicode(body)
-        return (_refuse(400, problem) if problem else None), _replay(body, receive)
+                return (bytes(body) if seen <= keep else None), True
+            if seen > self.drain_bytes:
+                return None, False
+
+    def _too_big(self, close: bool) -> JSONResponse:
+        return _refuse(413, f"request body larger than {self.max_body} bytes", close=close)
 
 
 def authorized(headers: dict, api_key: str | None) -> bool:
@@ -166,8 +191,8 @@ def authorized(headers: dict, api_key: str | None) -> bool:
     return hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {api_key}".encode())
 
 
-def _refuse(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
+def _refuse(status: int, detail: str, close: bool = False) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers={"connection": "close"} if close else None)
 
 
 def _replay(body: bytes, receive):
