@@ -190,6 +190,7 @@ def resolve_device(device: str) -> str:
 
 # CPU classes, slowest first: what the auto dtypes (``fast_bfloat16``) and the demo's sizes follow
 CPU_CLASSES = ("baseline", "avx2", "avx512", "avx512-bf16", "amx")
+FAST_BF16_CLASSES = ("avx512-bf16", "amx")  # the classes whose bfloat16 GEMMs beat float32's
 # the caps the kernels' own environment variables put on a class: torch's dispatch
 # (``ATEN_CPU_CAPABILITY``: default / avx2 / avx512, its highest on x86) and oneDNN, which runs the
 # bfloat16 GEMMs (``ONEDNN_MAX_CPU_ISA``); a value not listed caps nothing
@@ -223,7 +224,7 @@ def fast_bfloat16(device: str) -> bool:
 
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return cpu_class() in ("avx512-bf16", "amx")
+    return cpu_class() in FAST_BF16_CLASSES
 
 
 def engine_dtype(rollout_dtype: str, policy_dtype: str, device: str) -> str:

@@ -11,7 +11,12 @@ and GRPO policies answering one fixed set of valid or test states with the same 
 saved and scored apart by format, RM (all answers and those parsing in both) and strategy accuracy
 (``evaluation.compare``).
 
-Departures from the paper, for a 2-core CPU (the time to expect: docs/measurements.md): SmolLM2-135M instead of Qwen2.5-3B/7B,
+Its first line names the CPU class found here (``escrag.models.cpu_class``), the dtypes, the sizes that
+class runs (configs/cpu-demo-classes.yaml: the float32 classes run fewer steps and states) and the time
+a fresh-clone demo took on it (bench/results/wall_times.json); a machine more than 1.5x slower than that
+on the first timed stage is told so once.
+
+Departures from the paper, for a 2-core CPU: SmolLM2-135M instead of Qwen2.5-3B/7B,
 all-MiniLM-L6-v2 instead of bge-m3, ESConv turns instead of ESC-Preference as the exemplar corpus,
 silver pairs (gold turn vs a corrupted one) instead of ESC-Preference for the reward head, bootstrapped
 SFT demonstrations instead of GPT-4o ones, and a few GRPO steps instead of 2 epochs of 128 states.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -36,32 +42,68 @@ def banner(step: str) -> float:
     return time.time()
 
 
-WALL_TIMES = Path(__file__).resolve().parent.parent / "bench" / "results" / "wall_times.json"
+ROOT = Path(__file__).resolve().parent.parent
+WALL_TIMES = ROOT / "bench" / "results" / "wall_times.json"
+CLASS_SIZES = ROOT / "configs" / "cpu-demo-classes.yaml"  # the sizes per CPU class of configs/cpu-demo.yaml
+DEFAULT_CONFIG = ROOT / "configs" / "cpu-demo.yaml"
+SLOW = 1.5  # a stage this many times slower than the table's says so, once
 
 
-def expected_minutes(dtypes: str) -> int | None:
-    """Minutes a fresh-clone ``make demo`` took on 2 cores in ``dtypes`` (bfloat16 or float32 paths):
-    the one source the README and docs/measurements.md also show (bench/results/wall_times.json)."""
+def class_sizes(cpu: str, path: Path = CLASS_SIZES) -> dict:
+    """The demo's overrides on CPU class ``cpu`` (``escrag.models.cpu_class``), key path -> value."""
+    import yaml
+
+    return dict(yaml.safe_load(Path(path).read_text()).get(cpu) or {})
+
+
+def expected_run(cpu: str, path: Path = CLASS_SIZES) -> dict | None:
+    """The latest fresh-clone ``make demo`` of bench/results/wall_times.json (the one source the README
+    and docs/measurements.md also show) on CPU class ``cpu``, else on a class with the same sizes."""
     try:
-        rows = json.loads(WALL_TIMES.read_text())["rows"]
+        rows = [r for r in json.loads(WALL_TIMES.read_text())["rows"] if r.get("what") == "make demo"]
     except (OSError, ValueError, KeyError):
         return None
-    found = [r["seconds"] for r in rows if r.get("what") == "make demo" and r.get("dtypes") == dtypes]
-    return round(found[-1] / 60) if found else None
+    same = [r for r in rows if r.get("cpu_class") == cpu]
+    alike = [r for r in rows if r.get("cpu_class") and class_sizes(r["cpu_class"], path) == class_sizes(cpu, path)]
+    return (same or alike or [None])[-1]
 
 
 def compute_note(cfg: Config) -> str:
-    """The dtypes the demo computes in on this machine and how long a fresh-clone demo took on 2 cores
-    in them (``expected_minutes``): a CPU without fast bfloat16 runs the float32 path."""
-    from escrag.models import engine_dtype, fast_bfloat16
+    """The demo's first line: the CPU class detected here, the dtypes it computes in, the sizes the class
+    runs and the time a fresh-clone demo took on that class (``expected_run``)."""
+    from escrag.models import cpu_class, engine_dtype
+    from escrag.safety.backbone import conv_dtype
 
-    fast = fast_bfloat16("cpu")
-    learner, reward = cfg.policy.compute_dtype, cfg.reward.compute_dtype
-    rollout = engine_dtype(cfg.rollout.dtype, learner, cfg.rollout.device)
-    minutes = expected_minutes("bfloat16" if fast and "bfloat16" in (learner, rollout) else "float32")
-    why = "" if fast else " (this CPU has no AMX / AVX512-BF16: bfloat16 matmuls would be emulated)"
-    took = f"; a fresh-clone demo took ~{minutes} minutes on 2 cores in these dtypes" if minutes else ""
-    return f"compute: learner {learner}, rollout engine {rollout}, reward backbone {reward}{why}{took}"
+    cpu = cpu_class()
+    caps = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(k))
+    learner = cfg.policy.compute_dtype
+    dtypes = (f"learner {learner}, rollout engine {engine_dtype(cfg.rollout.dtype, learner, cfg.rollout.device)}, "
+              f"reward backbone {cfg.reward.compute_dtype}, crisis check {conv_dtype(cfg.safety)}")
+    sizes = ", ".join(f"{k}={v}" for k, v in class_sizes(cpu).items()) or "configs/cpu-demo.yaml as it is"
+    run = expected_run(cpu)
+    took = (f"expect ~{round(run['seconds'] / 60)} minutes (a fresh-clone make demo, install included, took "
+            f"{run['seconds']} s on {run['machine']})" if run else "no demo measured on this class yet")
+    return f"CPU class {cpu}{f' ({caps})' if caps else ''}: {dtypes}; sizes: {sizes}; {took}"
+
+
+def pace_check(run: dict | None, say=print):
+    """A pipeline ``on_stage`` hook: the first stage that ran and that took at least 10 s in ``run``
+    (shorter ones are mostly start-up) is held against that time, and if it took more than ``SLOW``
+    times as long, ``say`` tells the user once what to expect instead."""
+    done = False
+
+    def check(stage: str, summary: dict) -> None:
+        nonlocal done
+        want = ((run or {}).get("stages_s") or {}).get(stage)
+        if done or not want or want < 10:
+            return
+        done, ratio = True, summary["seconds"] / want
+        if ratio > SLOW:
+            say(f"note: this machine is slower than the table: {stage} took {summary['seconds']:.0f} s against "
+                f"{want} s on {run['machine']} ({ratio:.1f}x); expect the demo to take ~"
+                f"{round(run['seconds'] * ratio / 60)} minutes rather than ~{round(run['seconds'] / 60)}")
+
+    return check
 
 
 def show_data_and_models(cfg: Config) -> None:
@@ -73,7 +115,6 @@ def show_data_and_models(cfg: Config) -> None:
         print(f"{split}: {s['dialogues']} dialogues, {s['states']} dialogue states")
     for spec in sorted({cfg.policy.model, cfg.reward.backbone, cfg.retriever.embedder}):
         print(f"{spec} -> {resolve_model(spec)}")
-    print(compute_note(cfg))
 
 
 def show_curve(cfg: Config) -> None:
@@ -146,19 +187,33 @@ def main(argv: list[str] | None = None) -> int:
                    help="states of the SFT vs GRPO comparison: valid to choose a recipe, test once per reported number")
     p.add_argument("--compare-only", action="store_true",
                    help="skip the pipeline: answer and compare SFT vs GRPO of a finished run of this config")
+    p.add_argument("--sizes", help="the per-CPU-class sizes to apply (default: configs/cpu-demo-classes.yaml for "
+                                    "configs/cpu-demo.yaml, none for another config); -o overrides come after")
     args = p.parse_args(argv)
-    cfg = load_config(args.config, args.override)
+    cfg = load_config(args.config, demo_overrides(args.config, args.sizes) + args.override)
     return run_main("demo", lambda: show_answers(cfg, args.split) and 0 if args.compare_only else run_demo(cfg, args.split))
 
 
+def demo_overrides(config: str, sizes: str | None) -> list[str]:
+    """``key=value`` overrides of this CPU class's sizes (``class_sizes``) from ``sizes``, by default
+    configs/cpu-demo-classes.yaml when ``config`` is configs/cpu-demo.yaml."""
+    from escrag.models import cpu_class
+
+    if sizes is None and Path(config).resolve() != DEFAULT_CONFIG:
+        return []
+    return [f"{k}={v}" for k, v in class_sizes(cpu_class(), Path(sizes) if sizes else CLASS_SIZES).items()]
+
+
 def run_demo(cfg: Config, split: str = "test") -> int:
+    from escrag.models import cpu_class
     from ray_jobs.pipeline import run_pipeline
 
     start = time.time()
+    print(compute_note(cfg), flush=True)
     banner("ESConv and the embedded models")
     show_data_and_models(cfg)
     banner("the pipeline: pairs -> index -> reward head -> cold-start SFT -> retrieval-augmented GRPO")
-    report = run_pipeline(cfg)
+    report = run_pipeline(cfg, on_stage=pace_check(expected_run(cpu_class())))
     banner("retrieval-augmented GRPO")
     show_curve(cfg)
     t0 = banner("RAG inference on held-out test states")

@@ -176,9 +176,9 @@ def outputs(cfg: Config, stage: str) -> dict:
             "grpo": {"policy": paths.grpo / "policy"}}[stage]
 
 
-def run_pipeline(cfg: Config, until: str | None = None, log=print) -> dict:
+def run_pipeline(cfg: Config, until: str | None = None, log=print, on_stage=None) -> dict:
     """Run the stages in order up to ``until`` (default: all), skipping finished ones; returns each
-    stage's key and whether it ran."""
+    stage's key and whether it ran. ``on_stage(stage, summary)`` is called after each stage that ran."""
     if until is not None and until not in STAGES:
         raise UserError(f"--until {until}: unknown stage (stages: {', '.join(STAGES)})")
     if cfg.grpo.backend == "openrlhf":  # before any stage runs, not hours later at the GRPO stage
@@ -199,6 +199,8 @@ def run_pipeline(cfg: Config, until: str | None = None, log=print) -> dict:
             report[stage] = {"key": keys[stage], "ran": False}
             continue
         report[stage] = {"key": keys[stage], "ran": True, **_run(cfg, stage, keys[stage], manifest, log)}
+        if on_stage is not None:
+            on_stage(stage, report[stage])
     return report
 
 

@@ -44,24 +44,6 @@ def test_paper_tiny_differs_from_paper_3b_only_in_size():
     assert tiny["retriever"]["source"] == "prefs" and tiny["grpo"]["lr"] == 1e-6 and tiny["grpo"]["kl_coef"] == 0.05
 
 
-def test_demo_names_its_dtypes_and_the_time_they_took(capsys):
-    """The demo's opening stage names the dtypes the pipeline resolves here and the time a demo took in
-    them (bench/results/wall_times.json): the bfloat16 path's with fast bfloat16, the float32 path's on
-    a CPU without AMX / AVX512-BF16, or with float32 chosen."""
-    from escrag.models import fast_bfloat16
-    from ray_jobs.demo import compute_note, expected_minutes, show_data_and_models
-
-    cfg = load_config("configs/cpu-demo.yaml")
-    fast = fast_bfloat16("cpu")
-    show_data_and_models(cfg)
-    note = capsys.readouterr().out.splitlines()[-1]
-    assert f"learner {'bfloat16' if fast else 'float32'}" in note and f"reward backbone {cfg.reward.compute_dtype}" in note
-    assert f"~{expected_minutes('bfloat16' if fast else 'float32')} minutes" in note and ("AVX512-BF16" in note) != fast
-    assert expected_minutes("bfloat16") < expected_minutes("float32")
-    f32 = compute_note(load_config("configs/cpu-demo.yaml", ["policy.dtype=float32", "rollout.dtype=float32"]))
-    assert "learner float32, rollout engine float32" in f32 and f"~{expected_minutes('float32')} minutes" in f32
-
-
 # The CPU engine's compile and the rollout risk metric (the crisis check's SmolLM2 backbone in each
 # rollout worker) have tests of their own (test_engine_continuous, test_rollout); here they would only
 # add minutes to tests about stages (the engines built below run uncompiled too).
