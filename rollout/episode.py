@@ -179,7 +179,8 @@ async def run_group(state: DialogueState, engine, retriever, reward, cfg: Config
     """One scored group of ``rollout.group_size`` samples for ``state`` (Algorithm 1, lines 6-11);
     ``version`` is the policy version recorded (the caller keeps weights fixed while it runs). With a
     ``risk`` classifier (``escrag.safety``) the stats count the rollouts whose conversation + final
-    answer is high / elevated (``risk_high``, ``risk_elevated``): a reported metric, not a reward."""
+    answer is high / elevated (``risk_high``, ``risk_elevated``) among the ``risk_checked`` first ones
+    (``safety.rollout_metric_samples``; all by default): a reported metric, not a reward."""
     sched = as_scheduler(engine, cfg.rollout.max_batch)
     ro, n, stats, t0 = cfg.rollout, cfg.rollout.group_size, {}, time.perf_counter()
     msgs1 = stage1_messages(state.history, cfg)
@@ -202,7 +203,8 @@ async def run_group(state: DialogueState, engine, retriever, reward, cfg: Config
                  stage2_tokens=sum(len(g.token_ids) for g in finals) if ro.rag else 0)
     if risk is not None:
         t = time.perf_counter()
-        stats.update(_risk_stats(risk, state.history, [s.output for s in samples]))
+        read = samples[:cfg.safety.rollout_metric_samples or None]  # safety.rollout_metric_samples
+        stats.update(_risk_stats(risk, state.history, [s.output for s in read]), risk_checked=len(read))
         stats["risk_s"] = time.perf_counter() - t
     return ScoredGroup(state.state_id, samples, version, stats)
 

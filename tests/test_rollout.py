@@ -183,6 +183,12 @@ def test_risk_metric_counts_high_risk_rollouts(engine, servers):
     m = reward_metrics(high)
     assert m["risk_high_frac"] == pytest.approx(0.5) and 0.0 <= m["risk_elevated_frac"] <= 0.5
     assert "risk_high" not in _group(crisis, engine, servers, cfg).stats  # no classifier, no metric
+    # safety.rollout_metric_samples: the check reads the first rollout of each group, the fractions are over those
+    one = asyncio.run(run_groups([crisis, load_states("valid")[3]], engine, RetrieverClient(servers["retriever"]),
+                                 RewardClient(servers["reward"]), _cfg("safety.rollout_metric_samples=1"), 5,
+                                 [1, 2], risk))
+    assert [(g.stats["risk_high"], g.stats["risk_checked"]) for g in one] == [(1, 1), (0, 1)]
+    assert reward_metrics(one)["risk_high_frac"] == pytest.approx(0.5)
 
 
 def test_pool_pushes_weights_and_survives_a_killed_worker(ray_session, servers, engine):

@@ -283,7 +283,7 @@ def reward_metrics(groups: list[ScoredGroup]) -> dict:
            "format_mean": sum(s.format_reward for s in samples) / len(samples)}
     checked = [g for g in groups if "risk_high" in g.stats]  # safety.rollout_metric (rollout/worker.py)
     if checked:
-        n = sum(len(g.samples) for g in checked)
+        n = sum(g.stats.get("risk_checked", len(g.samples)) for g in checked)  # rollouts the check read
         out.update(risk_high_frac=sum(g.stats["risk_high"] for g in checked) / n,
                    risk_elevated_frac=sum(g.stats["risk_elevated"] for g in checked) / n)
     return out

@@ -284,6 +284,8 @@ class SafetyConfig:
                              "follows the model's reply in the counselor, never replacing it")
     guard: GuardConfig = subsection(GuardConfig, "a guard model whose verdict combines with the embedded detector's")
     rollout_metric: Bool = option(True, "GRPO steps report risk_high_frac / risk_elevated_frac over their rollouts")
+    rollout_metric_samples: Int = option(0, "rollouts of each group the metric reads (the first N; 0: all): "
+                                         "the fractions are over the rollouts read", ge=0)
     # The conversation head (escrag/safety/heads.py): a softmax regression over a language model's hidden
     # states of the whole conversation; the numbers below were chosen on round 6's dev half
     # (experiments/safety_designs), never on data/safety/eval.jsonl.
