@@ -49,11 +49,19 @@ def stage1_messages(history: Sequence[Message], max_turns: int | None = None) ->
     return [{"role": "system", "content": STAGE1_SYSTEM}, *_tail(history, max_turns)]
 
 
+def exemplar_labels(ex: dict) -> str:
+    """" Strategy: Question. Problem: job crisis." from a hit's labels (those it has), else ""."""
+    parts = [("Strategy", ", ".join(ex.get("strategies") or ())), ("Stage", ex.get("stage")),
+             ("Problem", ex.get("problem")), ("Emotion", ex.get("emotion"))]
+    return "".join(f" {name}: {value}." for name, value in parts if value)
+
+
 def format_exemplars(exemplars: Sequence[dict]) -> str:
-    """Exemplars as numbered (history, response) blocks; each dict has ``history`` and ``response``."""
+    """Exemplars as numbered (labels, history, response) blocks; each dict has ``history`` and
+    ``response``, and the labels a retriever hit carries (``exemplar_labels``)."""
     blocks = []
     for i, ex in enumerate(exemplars, 1):
-        blocks.append(f"[Exemplar {i}]\n{ex['history']}\nCounselor: {ex['response']}")
+        blocks.append(f"[Exemplar {i}]{exemplar_labels(ex)}\n{ex['history']}\nCounselor: {ex['response']}")
     return "\n\n".join(blocks) if blocks else "(no exemplars retrieved)"
 
 

@@ -29,6 +29,9 @@ from escrag.config import Config, ConfigError, EndpointConfig, EvalSystemConfig,
 from escrag.errors import ServiceError
 from escrag.llm.endpoint import CallLog, ChatEndpoint, ChatResult
 from escrag.web.procs import ServerProcess
+from retriever_server.protocol import Hit
+
+EXEMPLAR_KEYS = tuple(k for k in Hit.model_fields if k != "score")  # what an answer record keeps of a hit
 
 # ----------------------------------------------------------------------------- config checks
 
@@ -239,8 +242,7 @@ def _from_counselor(res: ChatResult) -> dict:
     ex = res.raw.get("escrag") or {}
     return {"response": res.text, "output": ex.get("output", res.text), "think": ex.get("think", ""),
             "initial": ex.get("initial", ""), "format_ok": bool(ex.get("format_ok", False)),
-            "exemplars": [{"id": str(e.get("id")), "history": e.get("history", ""),
-                           "response": e.get("response", "")} for e in ex.get("exemplars") or []],
+            "exemplars": [{k: e[k] for k in EXEMPLAR_KEYS if k in e} for e in ex.get("exemplars") or []],
             "risk": ex.get("risk"), "prompt_tokens": res.prompt_tokens,
             "completion_tokens": res.completion_tokens, "cost": res.cost}
 

@@ -3,15 +3,19 @@
 Owns: ``RetrieverClient.retrieve(queries, k, exclude_dialogue_ids)`` over
 ``escrag.web.client.AsyncJsonClient`` (timeout per attempt, retries with backoff on connection errors,
 429 and 5xx for up to ``retriever.wait_s``, a ``ServiceError`` naming the URL after the last try) plus
-a check that the answer has one hit list per query.
+a check of the answer against ``protocol.RetrieveResponse`` (one hit list per query, every hit with
+its labels: a server of an older version is named as such, not read as empty labels).
 """
 
 from __future__ import annotations
 
 import os
 
+from pydantic import ValidationError
+
 from escrag.config import RetrieverConfig
 from escrag.web.client import AsyncJsonClient, ServiceError
+from retriever_server.protocol import RetrieveResponse
 
 
 class RetrieverClient:
@@ -25,18 +29,22 @@ class RetrieverClient:
 
     async def retrieve(self, queries: list[str], k: int, exclude_dialogue_ids: list[str | None] | None = None
                        ) -> list[list[dict]]:
-        """Top-k exemplars per query, best first: dicts with id, history, response, score; none from
-        the dialogue ``exclude_dialogue_ids[i]`` names for query i."""
+        """Top-k exemplars per query, best first: dicts with the fields of ``protocol.Hit`` (id, history,
+        response, strategies, stage, problem, emotion, score); none from the dialogue
+        ``exclude_dialogue_ids[i]`` names for query i."""
         if not queries:
             return []
         payload = {"queries": list(queries), "k": k, "return_scores": True}
         if exclude_dialogue_ids and any(exclude_dialogue_ids):
             payload["exclude_dialogue_ids"] = list(exclude_dialogue_ids)
         answer = await self._http.post("/retrieve", payload)
-        results = answer.get("results") if isinstance(answer, dict) else None
-        if not isinstance(results, list) or len(results) != len(queries):
-            raise ServiceError(f"POST {self.url}/retrieve: expected 'results' with {len(queries)} lists, "
-                               f"got {str(answer)[:200]}")
+        try:
+            results = RetrieveResponse.model_validate(answer).model_dump(exclude_none=True)["results"]
+        except ValidationError as exc:
+            raise ServiceError(f"POST {self.url}/retrieve: not a retriever answer of this version "
+                               f"({str(exc).splitlines()[0]}; got {str(answer)[:200]})") from None
+        if len(results) != len(queries):
+            raise ServiceError(f"POST {self.url}/retrieve: expected {len(queries)} hit lists, got {len(results)}")
         return results
 
     async def health(self) -> dict:

@@ -4,9 +4,14 @@ Owns: turning ESConv train dialogues or ESC-Preference pairs into chunks, droppi
 very short responses, refusing the test split (and any pair from it), and the checksum that the index
 manifest records.
 
-A chunk is ``{"id", "history", "response", "dialogue_id", "strategy", "source"}``; ``history`` is
-the last ``chunk_turns`` turns as "Client: ... / Counselor: ..." lines (``escrag.prompts.chunk_history``)
-and the text that gets embedded is ``escrag.prompts.chunk_text(history, response)``.
+A chunk is ``{"id", "history", "response", "dialogue_id", "strategies", "stage", "problem", "emotion",
+"source"}``; ``history`` is the last ``chunk_turns`` turns as "Client: ... / Counselor: ..." lines
+(``escrag.prompts.chunk_history``) and the text that gets embedded is
+``escrag.prompts.chunk_text(history, response)``. The labels travel with every hit and into the stage-2
+prompt: ``strategies`` are the ESConv strategies of the gold turn (the chosen trajectory's strategy for
+a preference pair), ``problem`` and ``emotion`` the dialogue's ESConv problem and emotion type, ``stage``
+the counseling stage a preference pair's chosen trajectory named ("" where the source has none: ESConv
+labels no stage).
 
 Departures from the paper: the paper's corpus is the preferred responses of ESC-Preference
 (``source = "prefs"``). So that the embedded default has a corpus before any preference data exists,
@@ -26,7 +31,8 @@ from escrag.data import load_states, resolve_path
 from escrag.errors import UserError
 from escrag.prompts import chunk_history, chunk_text
 
-CHUNK_FIELDS = ("id", "history", "response", "dialogue_id", "strategy", "source")
+CHUNK_FIELDS = ("id", "history", "response", "dialogue_id", "strategies", "stage", "problem", "emotion", "source")
+LABEL_FIELDS = ("strategies", "stage", "problem", "emotion")  # what a hit carries beside its text
 
 
 def embed_text(chunk: dict) -> str:
@@ -40,8 +46,8 @@ def esconv_chunks(split: str, test_split: str, turns: int, chars: int) -> list[d
         raise UserError(f"data.train={split!r} is the test split ({test_split!r}); the retrieval corpus "
                         "must not contain test dialogues")
     return [{"id": f"{s.dialogue_id}/{s.turn_index}", "history": chunk_history(s.history, turns, chars),
-             "response": s.target, "dialogue_id": s.dialogue_id, "strategy": ",".join(s.strategies),
-             "source": "esconv"} for s in load_states(split)]
+             "response": s.target, "dialogue_id": s.dialogue_id, "strategies": list(s.strategies), "stage": "",
+             "problem": s.problem, "emotion": s.emotion, "source": "esconv"} for s in load_states(split)]
 
 
 def pref_chunks(path: str | Path, test_split: str, turns: int, chars: int) -> list[dict]:
@@ -54,10 +60,11 @@ def pref_chunks(path: str | Path, test_split: str, turns: int, chars: int) -> li
     chunks = []
     for pair in pairs:
         prov = pair.provenance
-        strategy = prov.get("strategy", "")
+        strategy = prov.get("strategy") or []
         chunks.append({"id": pair.id, "history": chunk_history(pair.history, turns, chars),
                        "response": pair.chosen.strip(), "dialogue_id": str(prov.get("dialogue_id", "")),
-                       "strategy": ",".join(strategy) if isinstance(strategy, list) else str(strategy),
+                       "strategies": list(strategy) if isinstance(strategy, list) else [str(strategy)],
+                       **{k: str(prov.get(k) or "") for k in ("stage", "problem", "emotion")},
                        "source": "prefs"})
     return chunks
 

@@ -7,7 +7,8 @@ must match); and batched search.
 
 The folder is written with ``escrag.atomic.atomic_dir``, so a reader sees the old index or the new one,
 never half of one, and never a moment without a folder. ``manifest.json``: ``{embedder, dim, count, corpus_sha256, built_at,
-index_type, format}``.
+index_type, format}``. An index of another ``format`` (an older build, whose chunks lack the labels
+every hit carries) is refused with the command that rebuilds it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from escrag.atomic import MANIFEST_FILE, atomic_dir
 from escrag.errors import UserError
 from retriever_server.corpus import dump_chunks, sha256
 
-FORMAT = 1
+FORMAT = 2  # 2: chunks carry their ESConv labels (strategies, stage, problem, emotion)
 INDEX_FILE, CHUNKS_FILE = "index.faiss", "chunks.jsonl"
 IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per cluster
 
@@ -108,6 +109,13 @@ def read_manifest(folder: str | Path) -> dict:
                                 ("embedder", "dim", "count", "corpus_sha256", "index_type"))
 
 
+def check_format(folder: str | Path, manifest: dict) -> None:
+    if manifest.get("format") != FORMAT:
+        raise UserError(f"{folder}: index format {manifest.get('format')!r}, this version reads format {FORMAT} "
+                        "(its chunks carry each exemplar's ESConv strategy, problem and emotion); rebuild it with "
+                        f"`escrag index build --out {folder}` (add the --source/--pairs it was built with)")
+
+
 def check_embedder(folder: str | Path, manifest: dict, embedder: str | None) -> None:
     if embedder is not None and embedder != manifest["embedder"]:
         raise UserError(f"{folder}: index was built with embedder {manifest['embedder']!r} "
@@ -119,6 +127,7 @@ def load_index(folder: str | Path, embedder: str | None = None, rc=None) -> Vect
     """Load and check an index folder; ``embedder`` (a spec) must match the manifest when given."""
     folder = Path(folder)
     manifest = read_manifest(folder)
+    check_format(folder, manifest)
     check_embedder(folder, manifest, embedder)
     data = (folder / CHUNKS_FILE).read_bytes() if (folder / CHUNKS_FILE).is_file() else b""
     if sha256(data) != manifest["corpus_sha256"]:

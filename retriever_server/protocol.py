@@ -1,4 +1,5 @@
-"""HTTP schemas of the retriever (design section 3): ``POST /retrieve`` and its answer.
+"""HTTP schemas of the retriever (design section 3): ``POST /retrieve`` and its answer (``RetrieveResponse``,
+the route's response model and what the client checks an answer against).
 
 Owns: request validation only (pydantic, no heavy imports). Strict types: a query must be a
 non-empty string, ``k`` an integer in 1..50, ``return_scores`` a boolean; unknown fields are
@@ -34,6 +35,10 @@ class Hit(BaseModel):
     id: str
     history: str
     response: str
+    strategies: list[str]  # the ESConv strategies of the exemplar's counselor turn, in order
+    stage: str  # the counseling stage (preference pairs), "" where the corpus has none
+    problem: str  # the dialogue's ESConv problem type
+    emotion: str  # the dialogue's ESConv emotion type
     score: float | None = None  # cosine similarity; omitted when return_scores is false
 
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from escrag.config import load_config
 from escrag.web.serving import add_common, serve
-from retriever_server.protocol import RetrieveRequest
+from retriever_server.protocol import RetrieveRequest, RetrieveResponse
 from retriever_server.service import RetrieverService
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)
@@ -35,7 +35,7 @@ def build_app(service: RetrieverService, api_key: str | None = None) -> FastAPI:
     async def retrieve(req: RetrieveRequest):
         results = await service.retrieve(req.queries, req.k, req.return_scores, req.exclude_dialogue_ids)
         queries.inc(len(req.queries))
-        return JSONResponse({"results": results})
+        return JSONResponse(RetrieveResponse(results=results).model_dump(exclude_none=True))
 
     return app
 

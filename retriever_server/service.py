@@ -8,7 +8,8 @@ search then asks for k + the most chunks any one dialogue has, so k hits survive
 ``search_batch`` is the same work without the batcher, for in-process callers and the benchmark.
 
 Paper mapping: eq. 8's retriever R(ĉ): the query is the stage-1 response text, a hit is a chunk
-(short history, counselor response) scored by cosine similarity.
+(short history, counselor response) scored by cosine similarity, with the chunk's labels (its ESConv
+strategies, stage, problem and emotion type: ``retriever_server.corpus.LABEL_FIELDS``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from escrag.embed import Embedder
 from escrag.errors import UserError
 from escrag.web.batching import MicroBatcher
+from retriever_server.corpus import LABEL_FIELDS
 from retriever_server.index import VectorIndex
 
 
@@ -48,8 +50,9 @@ class RetrieverService:
         for s, r in zip(scores, rows):
             if r < 0 or (excluded and chunks[r].get("dialogue_id") == excluded):
                 continue
-            hits.append({"id": chunks[r]["id"], "history": chunks[r]["history"],
-                         "response": chunks[r]["response"], "score": float(s)})
+            c = chunks[r]
+            hits.append({"id": c["id"], "history": c["history"], "response": c["response"],
+                         **{key: c[key] for key in LABEL_FIELDS}, "score": float(s)})
             if len(hits) == k:
                 break
         return hits

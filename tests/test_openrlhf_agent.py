@@ -156,10 +156,15 @@ def test_two_stage_episodes_equal_the_local_episode(engine, servers):
     group = _local_group(state, cfg, engine, servers)
     outs = asyncio.run(_openrlhf_group(state, cfg, engine, servers, _seeds(3)))
     _compare(outs, group)
+    train = {st.state_id: st for st in load_states("train")}
     for out, s in zip(outs, group.samples):
         (c1, c2) = s.sequence.action_ranges
         assert out["action_ranges"] == [c2] and sum(_mask(out)) == c2[1] - c2[0] > 0
         assert len(s.exemplar_ids) == 2 and c2[0] > c1[1]  # the feedback sits between ĉ and c
+        feedback = engine.tokenizer.decode(out["observation_tokens"][c1[1]:c2[0]])
+        for i, eid in enumerate(s.exemplar_ids, 1):  # each exemplar shows its ESConv labels
+            gold = train[eid]
+            assert f"[Exemplar {i}] Strategy: {', '.join(gold.strategies)}. Problem: {gold.problem}." in feedback
     # the samples differ (their own seeds), so the group has something to normalise
     assert len({tuple(o["observation_tokens"]) for o in outs}) == 3
 

@@ -454,7 +454,7 @@ def test_rm_trainer_and_index_builder_take_the_pairs_and_refuse_test_ones(built,
     assert metrics["n_train"] + metrics["n_heldout"] == 5
     chunks = build_corpus(load_config(), source="prefs", pairs=str(pairs))
     assert {c["response"] for c in chunks} == {p.chosen for p in load_pairs(pairs)}
-    assert {c["strategy"] for c in chunks} == {"Reflection of feelings"}
+    assert {tuple(c["strategies"]) for c in chunks} == {("Reflection of feelings",)}
     index = escrag("index", "build", "--source", "prefs", "--pairs", str(pairs), "--out", str(tmp_path / "ok"))
     assert index.returncode == 0, index.stderr[-2000:]
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())

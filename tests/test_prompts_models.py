@@ -14,8 +14,10 @@ from escrag.models import ModelSpecError, load_causal_lm, resolve_model
 
 HISTORY = [{"role": "user", "content": "I lost my job."}, {"role": "assistant", "content": "I'm sorry."},
            {"role": "user", "content": "I feel worthless."}]
-EXEMPLARS = [{"history": "Client: I was fired.", "response": "That must hurt."},
-             {"history": "Client: I failed.", "response": "You are more than one result."}]
+EXEMPLARS = [{"history": "Client: I was fired.", "response": "That must hurt.", "strategies": ["Reflection of feelings"],
+              "stage": "", "problem": "job crisis", "emotion": "sadness"},
+             {"history": "Client: I failed.", "response": "You are more than one result.", "stage": "",
+              "strategies": ["Affirmation and Reassurance", "Question"], "problem": "academic pressure", "emotion": ""}]
 
 
 def test_stage1_prompt_renders_history_and_format_rule(tokenizer):
@@ -30,6 +32,9 @@ def test_stage2_prompt_continues_stage1_with_the_draft_and_exemplars(tokenizer):
     msgs = prompts.stage2_messages(HISTORY, "  My draft reply. ", EXEMPLARS, max_turns=1)
     text = prompts.render(tokenizer, msgs)
     assert "My draft reply." in text and "[Exemplar 2]" in text and "You are more than one result." in text
+    assert ("[Exemplar 1] Strategy: Reflection of feelings. Problem: job crisis. Emotion: sadness.\n"
+            "Client: I was fired.\nCounselor: That must hurt.") in text  # each exemplar shows its labels
+    assert "[Exemplar 2] Strategy: Affirmation and Reassurance, Question. Problem: academic pressure.\n" in text
     assert "I lost my job." not in text  # max_turns=1 keeps only the last client turn
     assert msgs[:-2] == prompts.stage1_messages(HISTORY, max_turns=1)  # stage 2 continues stage 1
     assert msgs[-2] == {"role": "assistant", "content": "My draft reply."}

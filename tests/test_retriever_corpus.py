@@ -77,7 +77,7 @@ def test_pref_chunks_take_chosen_and_refuse_test_pairs(tmp_path):
 
 def test_clean_and_checksum_bytes():
     a = {"id": "1", "history": "Client: hi", "response": "I hear you, that is hard.", "dialogue_id": "d",
-         "strategy": "", "source": "esconv"}
+         "strategies": [], "stage": "", "problem": "", "emotion": "", "source": "esconv"}
     assert clean([a, dict(a, id="2"), dict(a, id="3", response="Hi")], 16) == [a]
     with pytest.raises(UserError, match="appears twice"):
         clean([a, dict(a, response="Another long enough reply.")], 16)

@@ -180,7 +180,7 @@ def test_app_overload_and_scoreless_answers(index, embedder):
                                          {"json": {"queries": ["a"], "return_scores": False}}]))
     assert answers[0].status_code == 503 and answers[0].headers["retry-after"] == "1"
     hits = answers[1].json()["results"][0]
-    assert len(hits) == 3 and set(hits[0]) == {"id", "history", "response"}
+    assert len(hits) == 3 and set(hits[0]) == {"id", "history", "response", "strategies", "stage", "problem", "emotion"}
 
 
 def test_bad_manifest_names_the_folder_or_file(tmp_path):

@@ -14,6 +14,7 @@ from conftest import free_port
 
 from escrag import cli
 from escrag.config import RetrieverConfig
+from escrag.data import load_states
 from escrag.web.client import ServiceError
 from retriever_server.client import RetrieverClient
 from retriever_server.corpus import embed_text
@@ -65,9 +66,13 @@ def test_real_server_with_real_client(serve, index_dir):
     url = serve(["retriever", "--index", str(index_dir), "--api-key", KEY])
     chunks = _chunks(index_dir)
     singles, batched, health = asyncio.run(_query(url, chunks))
+    train = {s.state_id: s for s in load_states("train")}
     for chunk, hits in zip(chunks[:8], singles):
         assert hits[0]["id"] == chunk["id"] and hits[0]["score"] > 0.99 and len(hits) == 3
-        assert set(hits[0]) == {"id", "history", "response", "score"}
+        for hit in hits:  # every hit carries the ESConv labels of its counselor turn and dialogue
+            gold = train[hit["id"]]
+            assert hit["strategies"] == list(gold.strategies) and hit["strategies"], hit
+            assert (hit["problem"], hit["emotion"], hit["stage"]) == (gold.problem, gold.emotion, ""), hit
     assert [hits[0]["id"] for hits in batched] == [c["id"] for c in chunks[8:16]]
     assert all(len(hits) == 2 for hits in batched)
     assert {k: health[k] for k in ("count", "embedder", "dim")} == \
@@ -95,6 +100,14 @@ def test_cli_refuses_wrong_embedder_and_bad_build_input(index_dir, tmp_path, cap
     assert not (tmp_path / "i").exists()
     summary = (index_dir / "manifest.json").read_text()
     assert f'"count": {N_CHUNKS}' in summary and '"embedder": "packaged:minilm"' in summary
+    old = tmp_path / "old-index"  # built before hits carried labels: refused, with the command that rebuilds it
+    old.mkdir()
+    for f in index_dir.iterdir():
+        (old / f.name).write_bytes(f.read_bytes())
+    (old / "manifest.json").write_text(summary.replace('"format": 2', '"format": 1'))
+    assert cli.main(["serve", "retriever", "--index", str(old), "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "index format 1, this version reads format 2" in err and f"`escrag index build --out {old}`" in err, err
 
 
 def test_client_names_url_of_unreachable_server():

@@ -630,7 +630,8 @@ class Assembler:
         other = "low" if chosen == "high" else "high"
         prov = {**self.base, **where, "chosen_trajectory": chosen,
                 "trajectories": {"chosen": self.path_json(paths[chosen]), "rejected": self.path_json(paths[other])},
-                "strategy": paths[chosen][-1].record.strategy}
+                "strategy": paths[chosen][-1].record.strategy, "stage": paths[chosen][0].record.stage,
+                "problem": s.problem, "emotion": s.emotion}
         pair = PreferencePair(f"escpref-{s.dialogue_id}-{s.turn_index}", out["history"], replies[chosen],
                               replies[other], {"chosen": dict(sc[chosen]), "rejected": dict(sc[other])}, prov)
         return pair, None

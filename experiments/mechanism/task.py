@@ -87,7 +87,7 @@ def chunks(table: dict[str, str], name: str) -> list[dict]:
         history = f"Client: I am worried about my {t}."
         response = f"About your {t}: hold on to the word {table[t]}."
         out.append({"id": f"{name}-{t}", "dialogue_id": f"{name}-{t}", "history": history, "response": response,
-                    "text": chunk_text(history, response)})
+                    "strategies": [], "stage": "", "problem": "", "emotion": "", "text": chunk_text(history, response)})  # no labels: the prompt shows none
     return out
 
 

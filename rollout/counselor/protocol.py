@@ -87,7 +87,7 @@ class EscragInfo(BaseModel):
 
     think: str  # the final output's <think> block ("" when the format does not parse)
     initial: str  # the stage-1 response text ĉ ("" without RAG)
-    exemplars: list[dict[str, Any]]  # the retriever's hits as it sent them (id, history, response, score)
+    exemplars: list[dict[str, Any]]  # the retriever's hits as it sent them (retriever_server.protocol.Hit)
     risk: Literal["none", "elevated", "high"]  # escrag.safety over the whole conversation
     reasons: list[str]
     categories: list[str]
