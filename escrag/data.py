@@ -13,6 +13,7 @@ a client turn. Roles follow OpenAI: ``user`` = client (``usr``), ``assistant`` =
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,22 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "esconv"
 ROLE_OF_SPEAKER = {"usr": "user", "sys": "assistant"}
 STRATEGIES = ("Question", "Restatement or Paraphrasing", "Reflection of feelings", "Self-disclosure",
               "Affirmation and Reassurance", "Providing Suggestions", "Information", "Others")  # ESConv's 8
+
+_NAMED = re.compile("|".join(re.escape(s) for s in sorted(STRATEGIES, key=len, reverse=True)), re.IGNORECASE)
+_CANON = {s.lower(): s for s in STRATEGIES}
+
+
+def named_strategies(text: str) -> list[str]:
+    """The distinct ESConv strategies ``text`` names (canonical spelling, case-insensitive), in order."""
+    return list(dict.fromkeys(_CANON[m.group(0).lower()] for m in _NAMED.finditer(text or "")))
+
+
+def strategy_hit(think: str, gold: tuple[str, ...] | list[str]) -> float:
+    """The strategy reward (issue 53): 1.0 when ``think`` names exactly one ESConv strategy and it is
+    one of the gold turn's labels ``gold``, else 0.0. Naming several earns nothing, so it cannot be
+    gamed by listing."""
+    named = named_strategies(think)
+    return float(len(named) == 1 and named[0] in gold)
 
 
 class DataError(UserError):

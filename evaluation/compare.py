@@ -2,14 +2,15 @@
 
 Owns: ``answer_records`` (one record per answer: state id, sample, seed, output, think, response,
 exemplar ids and strategies, RM score, format reward, reward, risk, named and gold strategy),
-``named_strategy`` (the ESConv strategy a think block names), ``block`` (two policies' means of one
-per-answer score and their paired difference over states) and ``summarize``: per policy the format
-rate, the RM mean over all answers, the RM mean over the answers that parse in *both* policies (same
-state and sample), the reward (RM + format) and the strategy accuracy (the think block's named
-strategy is one of the gold turn's ESConv labels), each with a bootstrap interval over states and the
-paired difference of the second policy minus the first; the strategy accuracy also with a Wilson
-interval over answers, beside two baselines needing no policy: the majority class of the train split
-and the strategy of each answer's top retrieved exemplar.
+``named_strategy`` (the ESConv strategy a think block names, when it names exactly one), ``block``
+(two policies' means of one per-answer score and their paired difference over states) and
+``summarize``: per policy the format rate, the RM mean over all answers, the RM mean over the answers
+that parse in *both* policies (same state and sample), the reward (RM + format) and the strategy
+accuracy (``escrag.data.strategy_hit``, the reward of the rule ``strategy:SPLIT``: the think block
+names exactly one ESConv strategy and it is one of the gold turn's labels), each with a bootstrap
+interval over states and the paired difference of the second policy minus the first; the strategy
+accuracy also with a Wilson interval over answers, beside two baselines needing no policy: the
+majority class of the train split and the first strategy of each answer's top retrieved exemplar.
 
 Why the both-parse RM mean: an unparsed output scores a format point less and usually a lower RM
 score too, so fewer broken formats alone raise the RM mean over all answers; over the answers that
@@ -18,21 +19,18 @@ parse in both policies, the RM difference is about what the responses say.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
-from escrag.data import STRATEGIES, DialogueState, load_states
+from escrag.data import DialogueState, load_states, named_strategies, strategy_hit
 from escrag.stats import bootstrap_ci, wilson
 
-_NAMED = re.compile("|".join(re.escape(s) for s in sorted(STRATEGIES, key=len, reverse=True)), re.IGNORECASE)
-_CANON = {s.lower(): s for s in STRATEGIES}
 METRICS = ("format", "rm", "reward", "strategy_hit")
 
 
 def named_strategy(think: str) -> str:
-    """The first ESConv strategy named in ``think`` (canonical spelling), or "" when none is."""
-    m = _NAMED.search(think or "")
-    return _CANON[m.group(0).lower()] if m else ""
+    """The ESConv strategy ``think`` names when it names exactly one, else ""."""
+    named = named_strategies(think)
+    return named[0] if len(named) == 1 else ""
 
 
 def majority_strategy(split: str = "train") -> str:
@@ -46,16 +44,16 @@ def answer_records(policy: str, jobs: list[tuple[DialogueState, int, int]], answ
     out = []
     for (s, j, seed), a, p, risk in zip(jobs, answers, parts, risks):
         named = named_strategy(a["think"])
-        top = a["exemplars"][0].get("strategy", "") if a["exemplars"] else ""
+        top = a["exemplars"][0]["strategies"] if a["exemplars"] else []
         out.append({"policy": policy, "state_id": s.state_id, "sample": j, "seed": seed,
                     "output": a["output"], "think": a["think"], "response": a["response"],
                     "initial_output": a["initial_output"],
                     "exemplar_ids": [e.get("id") for e in a["exemplars"]],
-                    "exemplar_strategies": [e.get("strategy", "") for e in a["exemplars"]],
+                    "exemplar_strategies": [e["strategies"] for e in a["exemplars"]],
                     "rm": p["rm_scores"], "format": p["format_rewards"], "reward": p["rewards"], "risk": risk,
                     "gold_strategies": list(s.strategies), "named_strategy": named,
-                    "strategy_hit": float(bool(named) and named in s.strategies),
-                    "top_exemplar_strategy": top.split(",")[0]})
+                    "strategy_hit": strategy_hit(a["think"], s.strategies),
+                    "top_exemplar_strategy": top[0] if top else ""})
     return out
 
 

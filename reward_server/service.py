@@ -2,7 +2,7 @@
 
 Owns: ``RewardService``. Each item's output is parsed once: the format reward comes from
 ``escrag.formats.format_reward``; the scorer sees ``escrag.formats.response_text`` (the ``<response>``
-block when the format parses, else the whole output). Items of concurrent requests are coalesced by
+block when the format parses, else the whole output), or the whole output for a rule that reads it. Items of concurrent requests are coalesced by
 ``escrag.web.batching.MicroBatcher`` into scorer batches of at most ``max_batch``; when more than
 ``max_queue`` items wait, ``score`` raises ``QueueFull`` (HTTP 503 + Retry-After).
 
@@ -31,9 +31,12 @@ def rule_scorer(rule) -> Scorer:
 
 
 class RewardService:
-    def __init__(self, scorer: Scorer, name: str, rc, info: dict | None = None):
-        """``rc`` is the ``RewardConfig`` (micro-batching and queue limits)."""
+    def __init__(self, scorer: Scorer, name: str, rc, info: dict | None = None, reads_output: bool = False):
+        """``rc`` is the ``RewardConfig`` (micro-batching and queue limits); ``reads_output``: the
+        scorer sees the whole output, not its response text."""
         self.scorer, self.name, self.rc, self.max_queue = scorer, name, rc, rc.max_queue
+        self.view = (lambda o: o) if reads_output else response_text
+        self.check = lambda history: None  # a rule's check of one item's history (UserError), before batching
         self.batcher = MicroBatcher(self._run_batch, rc.max_batch, rc.max_wait_ms, rc.max_queue,
                                     on_batch=self._on_batch)
         self._info = {"scorer": name, "max_batch": rc.max_batch, "max_wait_ms": rc.max_wait_ms,
@@ -45,7 +48,10 @@ class RewardService:
     def from_rule(cls, spec: str, rc) -> RewardService:
         from reward_server.rules import parse_rule
 
-        return cls(rule_scorer(parse_rule(spec)), f"rule:{spec}", rc)
+        rule = parse_rule(spec)
+        service = cls(rule_scorer(rule), f"rule:{spec}", rc, reads_output=getattr(rule, "reads_output", False))
+        service.check = getattr(rule, "check", service.check)
+        return service
 
     @classmethod
     def from_rm(cls, head_dir: str, rc, backbone: str | None = None) -> RewardService:
@@ -89,9 +95,11 @@ class RewardService:
         if len(items) > self.max_queue:
             raise UserError(f"items: {len(items)} items exceed this server's queue limit of "
                             f"{self.max_queue}; split the request")
+        for it in items:
+            self.check(list(it["history"]))
         outputs = [it["output"] for it in items]
         fmt = [format_reward(o) for o in outputs]
-        jobs = [(list(it["history"]), response_text(o)) for it, o in zip(items, outputs)]
+        jobs = [(list(it["history"]), self.view(o)) for it, o in zip(items, outputs)]
         try:
             results = await self.batcher.submit(jobs)
         except QueueFull:

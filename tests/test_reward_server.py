@@ -219,3 +219,32 @@ def test_client_fails_clearly(serve):
         await dead.aclose()
 
     asyncio.run(main())
+
+
+def test_strategy_rule_pays_exactly_one_gold_strategy_over_socket(serve):
+    """``strategy:valid`` through a real server: a think block naming exactly one gold label earns 1 (+1
+    format), naming it beside another or naming a wrong one earns 0; a history that is no state of
+    the split is refused with 400 alone, the valid request coalesced with it still answered."""
+    from escrag.data import STRATEGIES, load_states
+
+    state = next(s for s in load_states("valid") if len(s.strategies) == 1)
+    gold, wrong = state.strategies[0], next(x for x in STRATEGIES if x not in state.strategies)
+    url = serve(["reward", "--rule", "strategy:valid"])
+    outputs = [f"<think>Use {gold.lower()}.</think><response>I hear you.</response>",
+               f"<think>{gold} or {wrong}.</think><response>I hear you.</response>",
+               f"<think>{wrong}.</think><response>I hear you.</response>",
+               f"{gold}: no format"]
+    r = httpx.post(f"{url}/score", json={"items": [{"history": state.history, "output": o} for o in outputs]})
+    assert r.status_code == 200, r.text
+    assert r.json()["rm_scores"] == [1.0, 0.0, 0.0, 0.0] and r.json()["rewards"] == [2.0, 1.0, 1.0, 0.0]
+
+    async def both():
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            return await asyncio.gather(
+                c.post("/score", json={"items": [{"history": [{"role": "user", "content": "Not ESConv."}],
+                                                  "output": outputs[0]}]}),
+                c.post("/score", json={"items": [{"history": state.history, "output": outputs[0]}]}))
+
+    bad, good = asyncio.run(both())
+    assert bad.status_code == 400 and "no dialogue state of ESConv 'valid'" in bad.json()["detail"], bad.text
+    assert good.status_code == 200 and good.json()["rm_scores"] == [1.0]
