@@ -19,6 +19,12 @@ bfloat16 autocast over float32 weights on both sides (ours: ``policy.dtype``; TR
 turned off unless ``--trl-grad-ckpt``: we do not checkpoint either.
 
 Writes ``bench/results/grpo_vs_trl.json`` and prints a table with both times and the ratio.
+
+``--kinds native,avx2`` runs the whole comparison once per CPU kind, each in a process of its own, and
+writes both into one JSON (``kinds``: the CPU class, dtype, both sides and the ratio of each): ``native``
+as this CPU is, in bfloat16 where it is fast (``escrag.models.fast_bfloat16``) else float32, and
+``avx2`` with ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` (torch's and oneDNN's AVX2 kernels,
+TRL's process included) in float32, the path an AVX2-only CPU takes.
 """
 
 from __future__ import annotations
@@ -188,6 +194,35 @@ def trl_worker(spec_path: str) -> None:
 
 # ------------------------------------------------------------------------------------------ driver
 
+KIND_ENV = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
+
+def run_kinds(a, argv: list[str]) -> int:
+    """This script once per kind of ``--kinds`` in a process under that kind's environment, its dtype
+    the one the project's ``auto`` picks there; the reports go into one JSON at ``--out``."""
+    from escrag.atomic import write_json
+
+    keep = [x for i, x in enumerate(argv) if not x.startswith(("--kinds", "--out", "--dtype"))
+            and not (i and argv[i - 1] in ("--kinds", "--out", "--dtype"))]
+    kinds = {}
+    for kind in a.kinds.split(","):
+        env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+        env.update(KIND_ENV[kind])
+        probe = "from escrag.models import cpu_class, resolve_auto_dtype as r; print(cpu_class(), r('auto', 'cpu'))"
+        cpu, dtype = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True,
+                                    text=True, check=True).stdout.split()
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "kind.json"
+            subprocess.run([sys.executable, __file__, *keep, "--dtype", dtype, "--out", str(out)], env=env, check=True)
+            kinds[kind] = {"cpu_class": cpu, "env": KIND_ENV[kind], **json.loads(out.read_text())}
+    from bench_engine import machine  # noqa: E402  (bench/ is on sys.path as this script's folder)
+
+    path = write_json(a.out, {**machine(), "kinds": kinds})
+    print(f"wrote {path}: " + ", ".join(f"{k} ({v['cpu_class']}, {v['settings']['dtype']}) ours/TRL "
+                                         f"{v.get('ratio_ours_over_trl', float('nan')):.2f}" for k, v in kinds.items()))
+    return 0
+
+
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -206,6 +241,8 @@ def parse(argv=None):
                    help="learner compute dtype on both sides (autocast, float32 weights); our engine's "
                         "weights follow rollout.dtype (auto: bfloat16 where fast), TRL generates with the model")
     p.add_argument("--trl-grad-ckpt", action="store_true", help="keep TRL's gradient checkpointing on")
+    p.add_argument("--kinds", default=None, help="comma-separated CPU kinds, native and/or avx2: one run each, "
+                                                    "one JSON (--dtype is chosen per kind)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "grpo_vs_trl.json"))
     p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -222,6 +259,8 @@ def main(argv=None) -> int:
     from escrag.runtime import tune_process
 
     tune_process()  # after the TRL worker's branch: it inherits the spin count, as before, not our allocator
+    if a.kinds:
+        return run_kinds(a, argv or sys.argv[1:])
 
     model_path = resolve_model(a.model)
     prompts = make_prompts(model_path, a.prompts, a.prompt_len)

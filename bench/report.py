@@ -210,6 +210,13 @@ def learner(path: str, d: dict, note: str) -> Iterator[Row]:
 
 
 def grpo_vs_trl(path: str, d: dict, note: str) -> Iterator[Row]:
+    if "kinds" in d:  # --kinds: one run per CPU kind in one file
+        for kind, k in d["kinds"].items():
+            for row in grpo_vs_trl(path, {**k, "machine": f"{d['machine']}, as {k['cpu_class']} ({kind})"}, note):
+                row[-1] = code(row[-1].strip("`").replace(f" --dtype {k['settings']['dtype']}", "") +
+                               f" --kinds {','.join(d['kinds'])}")
+                yield row
+        return
     s = d["settings"]
     what = (f"vanilla GRPO step vs TRL `GRPOTrainer`, {s['prompts']} states × {s['group']}, prompt {s['prompt_len']}, "
             f"completion ≤ {s['completion_len']} tokens, {s['dtype']}")

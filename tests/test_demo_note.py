@@ -50,14 +50,14 @@ def test_sizes_apply_to_the_demo_config_only(avx2):
         demo_overrides(str(ROOT / "configs" / "cpu-demo.yaml"), None)
 
 
-def test_the_bfloat16_classes_run_the_config_as_it_is_and_every_class_is_listed():
+def test_the_bfloat16_classes_run_the_config_sizes_and_every_class_is_listed():
     import yaml
 
     from escrag.models import CPU_CLASSES
 
     table = yaml.safe_load((ROOT / "configs" / "cpu-demo-classes.yaml").read_text())
     assert set(table) == set(CPU_CLASSES)
-    assert all(class_sizes(c) == {} for c in FAST_BF16_CLASSES)
+    assert all(set(class_sizes(c)) == {"safety.rollout_metric_samples"} for c in FAST_BF16_CLASSES)
     for cpu in CPU_CLASSES:  # every size is a key the config takes
         load_config("configs/cpu-demo.yaml", [f"{k}={v}" for k, v in class_sizes(cpu).items()])
 
@@ -90,4 +90,4 @@ def test_make_demo_prints_the_note_first(tmp_path):
     finally:
         proc.kill()
         proc.wait()
-    assert first.startswith("CPU class avx2 (") and "learner float32" in first and "sizes: grpo.steps=" in first
+    assert first.startswith("CPU class avx2 (") and "learner float32" in first and "grpo.steps=" in first
