@@ -1,7 +1,7 @@
 """Statistics: the one home of the project's intervals, and ``escrag data stats``.
 
 Owns: ``bootstrap_ci`` (percentile bootstrap of a mean; a paired comparison passes the per-unit
-differences), ``wilson`` (score interval of a share) and the ``escrag data stats`` command (dialogues,
+differences), ``cluster_bootstrap_ci`` (the same with whole groups resampled), ``wilson`` (score interval of a share) and the ``escrag data stats`` command (dialogues,
 states, mean turns and strategy distribution per split).
 """
 
@@ -22,6 +22,25 @@ def bootstrap_ci(values, resamples: int, ci: float, seed: int) -> tuple[float, f
         return float("nan"), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    tail = (1.0 - ci) / 2 * 100
+    lo, hi = np.percentile(means, [tail, 100 - tail])
+    return float(x.mean()), float(lo), float(hi)
+
+
+def cluster_bootstrap_ci(values, groups, resamples: int, ci: float, seed: int) -> tuple[float, float, float]:
+    """(mean, low, high) of ``values`` with whole groups resampled (dialogues, topics): the interval
+    when the units of one group are not independent. ``groups[i]`` names the group of ``values[i]``."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    names = sorted(set(groups))
+    index = {g: i for i, g in enumerate(names)}
+    gid = np.array([index[g] for g in groups])
+    sums, counts = np.bincount(gid, x, len(names)), np.bincount(gid, minlength=len(names))
+    draws = np.random.default_rng(seed).integers(0, len(names), size=(resamples, len(names)))
+    means = sums[draws].sum(1) / counts[draws].sum(1)
     tail = (1.0 - ci) / 2 * 100
     lo, hi = np.percentile(means, [tail, 100 - tail])
     return float(x.mean()), float(lo), float(hi)

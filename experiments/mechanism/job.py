@@ -134,15 +134,16 @@ def sft_examples(cfg: Config, retriever: LocalRetriever):
 # ------------------------------------------------------------------ GRPO per arm and seed
 
 
-def train_arm(cfg: Config, sft_dir: str, retriever, reward, log=print):
-    """GRPO from ``sft_dir`` for ``grpo.steps`` steps (in process); returns (engine, metrics rows)."""
+def train_arm(cfg: Config, sft_dir: str, retriever, reward, log=print, train: list | None = None):
+    """GRPO from ``sft_dir`` for ``grpo.steps`` steps (in process) on ``train`` states (default: the
+    task's); returns (engine, metrics rows)."""
     from escrag.seeds import derive_seed
     from rollout.engines import make_engine
     from rollout.episode import run_groups
     from trainer.learner import Learner
     from trainer.sampler import StateSampler
 
-    train = mech.states("train")
+    train = train or mech.states("train")
     learner, engine = Learner(cfg, model=sft_dir), make_engine(cfg, model_spec=sft_dir, seed=cfg.run.seed)
     sampler, rows = StateSampler(len(train), cfg.grpo.batch_states, cfg.run.seed), []
     for step in range(cfg.grpo.steps):

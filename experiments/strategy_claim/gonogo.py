@@ -18,9 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from escrag.config import load_config, run_paths
+from escrag.config import run_paths
 from escrag.data import STRATEGIES, load_states
 from escrag.errors import run_main
+from escrag.stats import cluster_bootstrap_ci
+from experiments.strategy_claim.config import load
 
 HERE = Path(__file__).resolve().parent
 PRIMARY = ("client_turn", 3)
@@ -36,20 +38,6 @@ def vote(hits: list[dict]) -> str:
     return next(label for h in hits for label in h["strategies"] if votes[label] == top)
 
 
-def paired_ci(diff: np.ndarray, groups: list[str]) -> list[float]:
-    """Mean of ``diff`` and its 95% bootstrap interval, resampling groups (dialogues)."""
-    ids = sorted(set(groups))
-    per = {g: [] for g in ids}
-    for d, g in zip(diff, groups):
-        per[g].append(d)
-    sums = np.array([sum(per[g]) for g in ids])
-    counts = np.array([len(per[g]) for g in ids])
-    rng = np.random.default_rng(SEED)
-    draws = rng.integers(0, len(ids), size=(RESAMPLES, len(ids)))
-    means = sums[draws].sum(1) / counts[draws].sum(1)
-    return [float(diff.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
-
-
 def search(service, queries: list[str], k: int) -> list[list[dict]]:
     out = []
     for i in range(0, len(queries), 256):
@@ -62,7 +50,7 @@ def main() -> int:
     ap.add_argument("--config", default=str(HERE / "config.yaml"))
     ap.add_argument("--out", default=str(HERE / "gonogo.json"))
     args = ap.parse_args()
-    cfg = load_config(args.config)
+    cfg = load(args.config)
     index_dir = run_paths(cfg).index
     from escrag.embed import load_embedder
     from retriever_server.build import build_index
@@ -87,7 +75,7 @@ def main() -> int:
         for k in (1, 3, 5):
             hit = np.array([vote(h[:k]) in g for h, g in zip(hits, gold)], dtype=float)
             rows.append({"query": name, "k": k, "hit_rate": float(hit.mean()),
-                         "minus_constant": paired_ci(hit - const_hit, groups),
+                         "minus_constant": list(cluster_bootstrap_ci(hit - const_hit, groups, RESAMPLES, 0.95, SEED)),
                          "primary": (name, k) == PRIMARY})
             print(f"{name:26s} k={k}  hit {hit.mean():.3f}  minus constant {rows[-1]['minus_constant'][0]:+.3f} "
                   f"[{rows[-1]['minus_constant'][1]:+.3f}, {rows[-1]['minus_constant'][2]:+.3f}]", flush=True)
