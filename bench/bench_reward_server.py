@@ -40,7 +40,7 @@ def make_items(n: int, history_turns: int) -> list[dict]:
              "output": f"<think>Reflect feelings.</think><response>{s.target}</response>"} for s in states]
 
 
-def random_head(backbone: str, max_length: int, out: Path) -> Path:
+def random_head(backbone: str, max_length: int, out: Path, dtype: str = "float32") -> Path:
     import torch
     from transformers import AutoConfig
 
@@ -49,8 +49,8 @@ def random_head(backbone: str, max_length: int, out: Path) -> Path:
 
     hidden = AutoConfig.from_pretrained(resolve_model(backbone)).hidden_size
     weight = torch.randn(hidden, generator=torch.Generator().manual_seed(0)) / hidden ** 0.5
-    manifest = {"backbone": backbone, "backbone_fingerprint": backbone_fingerprint(backbone, "float32"),
-                "dtype": "float32", "max_length": max_length, "max_history_turns": None}
+    manifest = {"backbone": backbone, "backbone_fingerprint": backbone_fingerprint(backbone, dtype),
+                "dtype": dtype, "max_length": max_length, "max_history_turns": None}
     return save_head(out, weight, 0.0, manifest)
 
 
