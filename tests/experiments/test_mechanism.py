@@ -81,8 +81,14 @@ def test_job_runs_end_to_end_and_resumes_from_its_parts(tmp_path):
             assert all(0.0 <= v[0] <= 1.0 and v[1] <= v[0] <= v[2] for v in e["per_seed"].values())
             assert ("vs_" + BASELINE in e) == (system != BASELINE)
     answers = [json.loads(ln) for ln in (tmp_path / "answers.jsonl").read_text().splitlines()]
-    assert len(answers) == (2 + 5 * 2) * (2 + 3)  # (2 SFT rows + 5 systems x 2 seeds) x (valid + test states)
+    assert len(answers) == (2 + 7 * 2) * (2 + 3)  # (2 SFT rows + 7 systems x 2 seeds) x (valid + test states)
     assert {a["system"] for a in answers} == set(SYSTEMS)
+    for a in answers:  # the controls score a trained policy with the other index
+        kind = "shuffled" if a["system"] in ("shuffled", "escrag-stage1>shuffled") else "true"
+        assert all(f"{a['split']}-{kind}-" in e for e in a["exemplar_ids"]), a
+    for e in saved["table"]["test"].values():  # intervals over the topics beside those over states
+        lo, mean, hi = e["mean_over_topics"][1], e["mean_over_topics"][0], e["mean_over_topics"][2]
+        assert lo <= mean <= hi and mean == pytest.approx(e["mean"][0])
     readme = write_readme(saved, tmp_path, "python -m experiments.mechanism.job -o x=1").read_text()
     assert "| escrag-stage1 |" in readme and "-o x=1" in readme and "Timings" in readme
 
