@@ -37,6 +37,7 @@ SOURCES: dict[str, list[tuple[str, str]]] = {
     "rollout": [("bench/results/rollout.json", "")],
     "retriever": [("bench/results/retriever.json", "")],
     "reward_server": [("bench/results/reward_server.json", "")],
+    "load": [("bench/results/load.json", "")],
     "rm_train": [("bench/results/rm_train.json", "")],
     "streaming": [("bench/results/bench_streaming.json", "")],
     "conv_head": [("bench/results/conv_head.json", "")],
@@ -253,6 +254,78 @@ def reward_server(path: str, d: dict, note: str) -> Iterator[Row]:
            code(f"bench/bench_reward_server.py --rounds {len(d['server_items_per_s'])}")]
 
 
+LOAD = ["server, workload", "clients", "200s/s", "p50 of the 200s", "p99 of the 200s", "answers", "RSS MB (start, after warm-up, end; growth)",
+        "JSON", "rerun"]
+LOAD_SERVERS = ("reward", "retriever", "counselor")
+
+
+def _load_cmd(d: dict) -> str:
+    return code("flock /tmp/escrag-heavy.lock .venv/bin/python bench/bench_load.py" + (" --smoke" if d["smoke"] else ""))
+
+
+def _answers(r: dict) -> str:
+    parts = [", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items()))]
+    if r["bad_input_statuses"]:
+        parts.append("bad input " + ", ".join(f"{k}: {v}" for k, v in sorted(r["bad_input_statuses"].items())))
+    if r["errors"]:
+        parts.append("no answer " + ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())))
+    if r["503_without_retry_after"]:
+        parts.append(f"503 without Retry-After: {r['503_without_retry_after']}")
+    return "; ".join(parts)
+
+
+def _model(name: str, s: dict) -> str:
+    return {"reward": lambda: f"{s['backbone']} ({s['dtype']}, max_length {s['max_length']})",
+            "retriever": lambda: f"{s['embedder']}, {s['chunks']} chunks",
+            "counselor": lambda: f"{s['policy']}, {s['config']}"}[name]()
+
+
+def load_levels(path: str, d: dict, note: str) -> Iterator[Row]:
+    smoke = "smoke run, not a load figure: " if d["smoke"] else ""
+    for name in LOAD_SERVERS:
+        if name not in d:
+            continue
+        s = d[name]
+        for workload, levels in s["levels"].items():
+            for clients, r in levels.items():
+                yield [f"{smoke}{workload}, {_model(name, s)}, max_queue {s['max_queue']}", clients, f(r["ok_per_s"], 2),
+                       ms(r["p50_ms"]), ms(r["p99_ms"]), _answers(r), "", src(path), _load_cmd(d)]
+        r = s["long"]
+        yield [f"{smoke}{r['workload']}, long run of {f(r['seconds'])} s", str(r["clients"]), f(r["ok_per_s"], 2),
+               ms(r["p50_ms"]), ms(r["p99_ms"]), _answers(r),
+               f"{f(r['rss_mb_start'])}, {f(r['rss_mb_after_warmup'])}, {f(r['rss_mb_end'])}; {f(r['rss_growth'], 4)}",
+               src(path), _load_cmd(d)]
+
+
+def load_batching(path: str, d: dict, note: str) -> Iterator[Row]:
+    smoke = "smoke run, not a load figure: " if d["smoke"] else ""
+    for name in ("reward", "retriever"):
+        for workload, levels in d.get(name, {}).get("levels", {}).items():
+            one, many = levels["1"]["ok_per_s"], levels["32"]["ok_per_s"]
+            yield [f"{smoke}{workload}, 32 concurrent clients vs 1", f"{f(many, 2)} ok/s", f"{f(one, 2)} ok/s",
+                   ratio(many, one), machine(d), src(path), _load_cmd(d)]
+    if "reward" in d:
+        s, ip = d["reward"], d["reward"]["inprocess"]
+        one, many = ip["batch_1_items_per_s"], ip[f"batch_{s['max_batch']}_items_per_s"]
+        yield [f"{smoke}in-process RewardModel.score, batch {s['max_batch']} vs batch 1 (what any batcher can gain "
+               f"on {s['backbone']})", f"{f(many, 2)} items/s", f"{f(one, 2)} items/s", ratio(many, one), machine(d),
+               src(path), _load_cmd(d)]
+
+
+FAULT = ["what", "calls", "outcomes", "in flight at the kill", "their outcomes", "longest of them", "restarts",
+         "lost", "JSON", "rerun"]
+
+
+def load_fault(path: str, d: dict, note: str) -> Iterator[Row]:
+    r = d["fault"]
+    outcomes = lambda o: ", ".join(f"{k}: {v}" for k, v in sorted(o.items()))  # noqa: E731
+    yield [f"{'smoke run: ' if d['smoke'] else ''}reward server SIGKILLed at {f(r['killed_at_s'])} s under "
+           f"{r['clients']} RewardClient loops, restarted by JobServices (call bound {f(r['call_bound_s'])} s)",
+           str(r["episodes_submitted"]), outcomes(r["outcomes"]), str(r["in_flight_at_kill"]),
+           outcomes(r["in_flight_outcomes"]), f"{f(r['in_flight_longest_s'])} s", str(r["restarts"]), str(r["lost"]),
+           src(path), _load_cmd(d)]
+
+
 def rm_train(path: str, d: dict, note: str) -> Iterator[Row]:
     o, n = d["ours"], d["naive"]
     yield [f"reward-head training, cached features vs the backbone every epoch, {d['pairs']} pairs, "
@@ -357,6 +430,10 @@ BENCHMARKS: list[tuple] = [
     ("Rollout", "rollout", rollout),
     ("Retriever server", "retriever", retriever),
     ("Reward server", "reward_server", reward_server),
+    ("Servers under load", "load", load_levels, LOAD),
+    ("Servers under load: what the micro-batcher gains (the goal: 32 clients reach 3× the rate of 1)", "load",
+     load_batching),
+    ("Servers under load: a reward server killed mid-load", "load", load_fault, FAULT),
     ("Reward-model training", "rm_train", rm_train),
     ("Streaming learner", "streaming", streaming),
     ("Crisis check: conversation head", "conv_head", conv_head),
