@@ -47,6 +47,7 @@ SOURCES: dict[str, list[tuple[str, str]]] = {
                     ("experiments/safety_designs/eval_runs/safety_eval_run6_guard_double.json",
                      "float32 head + the keyword guard TEST DOUBLE")],
     "mechanism": [("experiments/mechanism/results/smollm2/summary.json", "")],
+    "gonogo": [("experiments/strategy_claim/gonogo.json", "")],
     "heldout_gain": [("experiments/heldout_gain/rerun-compare-test.json", "")],
     "central_claim": [("experiments/central_claim/heldout_compare_training_rm.json", "")],
     "reward_labels": [("experiments/reward_labels/labels-test.json", "")],
@@ -83,7 +84,7 @@ def ratio(a: float, b: float) -> str:
 def ci(v: list[float], signed: bool = False, digits: int = 3) -> str:
     """``[mean, low, high]`` as ``mean [low, high]``; with signs for a difference."""
     spec = f"{'+' if signed else ''}.{digits}f"
-    m, lo, hi = (format(x, spec) for x in v)
+    m, lo, hi = (format(round(x, digits) + 0.0, spec) for x in v)  # + 0.0: a rounded -0.0 reads 0.000
     return f"{m} [{lo}, {hi}]"
 
 
@@ -376,7 +377,8 @@ def safety_eval(path: str, d: dict, note: str) -> Iterator[Row]:
            code("escrag safety eval --config configs/cpu-test.yaml" + (" --guard URL" if "guard" in d else ""))]
 
 
-MECHANISM = ["arm", "code-word hit rate (test)", "paired vs vanilla+rag", "draft names the topic", "JSON", "rerun"]
+MECHANISM = ["arm", "code-word hit rate (test)", "paired vs vanilla+rag", "(over the 12 topics)", "draft names the topic",
+             "JSON", "rerun"]
 
 
 def mechanism(path: str, d: dict, note: str) -> Iterator[Row]:
@@ -384,7 +386,22 @@ def mechanism(path: str, d: dict, note: str) -> Iterator[Row]:
     for arm, r in d["table"]["test"].items():
         vs = r.get("vs_vanilla+rag")
         topic = r.get("draft_names_topic")
-        yield [arm, ci(r["mean"]), "" if vs is None else ci(vs, signed=True), "" if topic is None else f(topic, 3), src(path), cmd]
+        vt = r.get("vs_vanilla+rag_over_topics")
+        yield [arm, ci(r["mean"]), "" if vs is None else ci(vs, signed=True), "" if vt is None else ci(vt, signed=True),
+               "" if topic is None else f(topic, 3), src(path), cmd]
+
+
+GONOGO = ["query", "k", "majority strategy of the top-k is a gold label (valid)", "minus the best constant label "
+          "(paired, over dialogues)", "decides", "JSON", "rerun"]
+
+
+def gonogo(path: str, d: dict, note: str) -> Iterator[Row]:
+    for r in d["rows"]:
+        yield [r["query"], str(r["k"]), f(r["hit_rate"], 3), ci(r["minus_constant"], signed=True),
+               d["decision"] if r["primary"] else "", src(path), code("python -m experiments.strategy_claim.gonogo")]
+    yield [f"best constant label ({d['constant_label']})", "", f(d["constant_hit_rate"], 3), "", "", src(path), ""]
+
+
 
 
 COMPARE = ["measure", "SFT", "GRPO", "GRPO − SFT (paired)", "JSON", "rerun"]
@@ -443,6 +460,8 @@ BENCHMARKS: list[tuple] = [
 EXPERIMENTS: list[tuple[str, str, Renderer, list[str]]] = [
     ("Crisis check on the held-out set (`escrag safety eval`, recall per category)", "safety_eval", safety_eval, SAFETY),
     ("The mechanism task (experiments/mechanism/)", "mechanism", mechanism, MECHANISM),
+    ("Does retrieval carry ESConv's strategy labels, with no model (experiments/strategy_claim/)", "gonogo", gonogo,
+     GONOGO),
     ("GRPO against its SFT start (experiments/heldout_gain/)", "heldout_gain", heldout_gain, COMPARE),
     ("ESCRAG-R1 against SFT on the training reward (experiments/central_claim/)", "central_claim", central_claim,
      COMPARE),
