@@ -59,6 +59,7 @@ SKIPPED: dict[str, str] = {
     "bench/results/bench_engine_same_dtype_a05b826.json": "an earlier run of bench_engine_same_dtype.json",
     "bench/results/bench_engine_eager_vs_compiled.json": "a one-off sizing run for configs/cpu-demo.yaml",
     "bench/results/grpo_vs_trl.json": "superseded: one step, one stage",
+    "bench/results/demo_avx2_emulated_before.json": "a partial demo under contention (issue 54's before on the emulated AVX2 path)",
 }
 
 
@@ -125,7 +126,9 @@ def wall_times(path: str, d: dict, note: str) -> Iterator[Row]:
         parts = r.get("stages_s") or {}
         detail = ", ".join(f"{k} {v} s" for k, v in parts.items())
         if "tests_s" in r:
-            detail = f"tests {r['tests_s']} s, {r['passed']} passed"
+            detail = f"tests {r['tests_s']} s, {r['passed']} passed" + (f", {r['failed']} failed" if r.get("failed") else "")
+        if "load1_median" in r:  # the machine's 1-minute load while it ran (2 cores: above 2, others ran too)
+            detail += f"; 1-min load median {r['load1_median']}, max {r['load1_max']}"
         yield [r["what"], f"{r['seconds']} s ({detail})", "", "", r["machine"], src(path),
                code(r["command"])]
 
@@ -400,8 +403,6 @@ def gonogo(path: str, d: dict, note: str) -> Iterator[Row]:
         yield [r["query"], str(r["k"]), f(r["hit_rate"], 3), ci(r["minus_constant"], signed=True),
                d["decision"] if r["primary"] else "", src(path), code("python -m experiments.strategy_claim.gonogo")]
     yield [f"best constant label ({d['constant_label']})", "", f(d["constant_hit_rate"], 3), "", "", src(path), ""]
-
-
 
 
 COMPARE = ["measure", "SFT", "GRPO", "GRPO − SFT (paired)", "JSON", "rerun"]
