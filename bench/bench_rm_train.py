@@ -45,7 +45,7 @@ def naive_train(cfg, pairs) -> dict:
         out = []
         for i in range(0, len(ps), rc.feature_batch_size):
             chunk = ps[i:i + rc.feature_batch_size]
-            seqs = [bb.encode(p.history, t).ids for p in chunk for t in (p.chosen, p.rejected)]
+            seqs = [bb.encode(p.history, t) for p in chunk for t in (p.chosen, p.rejected)]
             out.append(bb.features(seqs))
         x = torch.cat(out)
         return x[0::2], x[1::2]

@@ -66,6 +66,9 @@ def _prefs(sub) -> None:
     p.add_argument("--split", default="train")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-pairs", type=int, default=None)
+    p.add_argument("--negatives", default=None, metavar="KIND,KIND", help="negative kinds (escrag/pairs.py "
+                   "NEGATIVE_KINDS; default: reward.silver_negatives' default)")
+    p.add_argument("--per-state", type=int, default=1, help="pairs per state, of distinct negative kinds")
     p.set_defaults(func=_lazy("escrag.pairs:bootstrap_main"))
     p = prefs.add_parser("build", help="ESC-Preference: simulated client, three-stage counselor reasoning, "
                          "judge, dominance filter (docs/preference.md)")
@@ -178,6 +181,8 @@ def _eval(sub) -> None:
     lb.add_argument("--rm", action="append", default=[], help="NAME=HEAD_DIR of a reward head to check (repeatable)")
     lb.add_argument("--split", choices=("valid", "test"), default="test")
     lb.add_argument("--answers", help="also judge a comparison's saved answers (<run>/grpo/compare-<split>.jsonl)")
+    lb.add_argument("--generic", metavar="FILE", help="also: how often a generic reply of FILE (one a line) "
+                    "outscores the gold turn")
     lb.add_argument("--out", required=True, help="the JSON report")
     _config_args(lb)
     lb.set_defaults(func=_lazy("evaluation.labels:main"))

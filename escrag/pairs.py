@@ -16,11 +16,13 @@ One JSON object per line::
 
 Departure from the paper (said plainly): the paper's ESC-Preference pairs come from a simulated-client,
 three-model, seven-metric pipeline (section 3.2). Until that data exists, ``bootstrap_pairs`` makes
-*silver* pairs from ESConv train only, as a stand-in: chosen = the gold counselor turn, rejected = one
-seeded negative of four kinds (``NEGATIVE_KINDS``): a counselor turn from another dialogue, a generic
-reassurance, a premature-advice / lecturing turn, or the gold turn cut off mid-sentence. States whose
-gold turn has fewer than ``MIN_GOLD_WORDS`` words (greetings, "ok") are skipped: the gold is not
-clearly better there. Silver pairs carry no metric scores.
+*silver* pairs from ESConv train only, as a stand-in: chosen = the gold counselor turn, rejected = a
+seeded negative of one of the kinds of ``NEGATIVE_KINDS`` (a counselor turn from another dialogue, from
+another dialogue about the same problem type, from the same dialogue several turns away, a generic
+reply, a premature-advice / lecturing turn, or the gold turn cut off mid-sentence); the mix and the
+pairs per state are ``reward.silver_negatives`` / ``reward.silver_per_state``. States whose gold turn
+has fewer than ``MIN_GOLD_WORDS`` words (greetings, "ok") are skipped: the gold is not clearly better
+there. Silver pairs carry no metric scores.
 """
 
 from __future__ import annotations
@@ -42,8 +44,15 @@ METRIC_NAMES = {"EI": "Emotional Impact", "NE": "Non-Lecturing Empathy", "TA": "
 PERSPECTIVES = {"Client": ("EI", "NE", "TA"), "Counselor": ("SC", "TH"), "Judge": ("SF", "PT")}  # Table 1
 ROLES = ("user", "assistant")
 MIN_GOLD_WORDS = 5
-NEGATIVE_KINDS = ("other_dialogue", "generic", "lecturing", "truncated")
+# other_dialogue: a counselor turn of another dialogue; same_problem: of another dialogue about the same
+# problem type (fluent and on topic, but about someone else); same_dialogue: of the same dialogue, at least
+# OFF_CONTEXT_TURNS turns away (this client, the wrong moment); generic; lecturing; truncated
+NEGATIVE_KINDS = ("other_dialogue", "same_problem", "same_dialogue", "generic", "lecturing", "truncated")
+OFF_CONTEXT_TURNS = 4
+DEFAULT_NEGATIVES = ("other_dialogue", "generic", "lecturing", "truncated")  # reward.silver_negatives' default
 
+# Generic replies that ignore what the client said: openers, bare acknowledgements, platitudes. The reward
+# is checked on another list (experiments/reward_recipe/generic_eval.txt); the two share no reply.
 GENERIC_REASSURANCES = (
     "Don't worry, everything will be fine.",
     "I'm sure it will all work out in the end.",
@@ -53,6 +62,22 @@ GENERIC_REASSURANCES = (
     "Just try not to think about it too much and you'll be okay.",
     "I understand. Things will get better, they always do.",
     "Try to look on the bright side, it could be worse.",
+    "Hey! How's your day been so far?",
+    "Good morning, how is everything going?",
+    "Hi, nice to meet you. What brings you here today?",
+    "Okay.",
+    "I get it.",
+    "Right, that makes sense.",
+    "Oh no, that's too bad.",
+    "That is really tough.",
+    "Sorry about that.",
+    "I know exactly how you feel.",
+    "Time heals all wounds.",
+    "Hang in there, you've got this!",
+    "Keep your chin up.",
+    "Please go on.",
+    "Thanks for telling me.",
+    "I hear you.",
 )
 LECTURES = (  # premature advice / lecturing, without engaging with what the client said
     "You need to stop dwelling on this {problem} and take action. Make a plan today, exercise every "
@@ -195,57 +220,110 @@ def _truncate(text: str, rng: random.Random) -> str:
     return " ".join(words[:keep]).rstrip(".,!?;:")
 
 
-def make_negative(kind: str, state, rng: random.Random, others: list[tuple[str, str]]) -> str:
-    """One rejected reply of ``kind`` for ``state``; ``others`` holds (dialogue_id, counselor turn)."""
+class NegativePool:
+    """The eligible states' counselor turns, by dialogue and by problem type, to draw negatives from."""
+
+    def __init__(self, states):
+        self.states, self.by_problem, self.by_dialogue = states, {}, {}
+        for s in states:
+            self.by_problem.setdefault(s.problem, []).append(s)
+            self.by_dialogue.setdefault(s.dialogue_id, []).append(s)
+
+    def other(self, state, rng: random.Random, same_problem: bool = False):
+        """A state of another dialogue (of the same problem type when ``same_problem`` and one exists)."""
+        pool = self.by_problem.get(state.problem, []) if same_problem else self.states
+        if not any(s.dialogue_id != state.dialogue_id for s in pool):
+            pool = self.states
+        while True:  # the pool spans many dialogues, so this ends quickly
+            s = rng.choice(pool)
+            if s.dialogue_id != state.dialogue_id:
+                return s
+
+
+def make_negative(kind: str, state, rng: random.Random, pool: NegativePool) -> str | None:
+    """One rejected reply of ``kind`` for ``state`` (None: the kind has none for this state)."""
     if kind == "generic":
         return rng.choice(GENERIC_REASSURANCES)
     if kind == "lecturing":
         return rng.choice(LECTURES).format(problem=(state.problem or "problem").lower())
     if kind == "truncated":
         return _truncate(state.target, rng)
-    while True:  # other_dialogue; the pool spans hundreds of dialogues, so this ends quickly
-        dialogue_id, text = rng.choice(others)
-        if dialogue_id != state.dialogue_id:
-            return text
+    if kind == "same_dialogue":
+        far = [s for s in pool.by_dialogue.get(state.dialogue_id, [])
+               if abs(s.turn_index - state.turn_index) >= OFF_CONTEXT_TURNS]
+        return rng.choice(far).target if far else None
+    return pool.other(state, rng, same_problem=kind == "same_problem").target
+
+
+def _check_mix(negatives, per_state: int) -> None:
+    unknown = sorted(set(negatives) - set(NEGATIVE_KINDS))
+    if not negatives or unknown:
+        raise UserError(f"silver negatives {list(negatives)}: need one or more of {', '.join(NEGATIVE_KINDS)}")
+    if not 1 <= per_state <= len(set(negatives)):
+        raise UserError(f"{per_state} negatives per state: need 1 to {len(set(negatives))} (the distinct kinds)")
+
+
+def _state_pairs(s, rng: random.Random, pool: NegativePool, negatives, per_state: int, seed: int, split):
+    """Pairs of one state: ``per_state`` distinct kinds drawn from ``negatives`` (weighted by repeats)."""
+    kinds: list[str] = []
+    while len(kinds) < per_state:
+        kind = rng.choice(negatives)
+        if kind not in kinds:
+            kinds.append(kind)
+    out = []
+    for j, kind in enumerate(kinds):
+        rejected = make_negative(kind, s, rng, pool)
+        if rejected is None or rejected.strip() == s.target.strip():  # no such turn, or a duplicate turn
+            kind, rejected = "generic", rng.choice(GENERIC_REASSURANCES)
+        prov = {"source": "silver-esconv", "split": str(split), "dialogue_id": s.dialogue_id,
+                "turn_index": s.turn_index, "negative": kind, "seed": seed}
+        pid = f"silver-{s.dialogue_id}-{s.turn_index}" + (f"-{j}" if per_state > 1 else "")
+        out.append(PreferencePair(pid, s.history, s.target, rejected, None, prov))
+    return out
 
 
 def bootstrap_pairs(split: str = "train", seed: int = 0, max_pairs: int | None = None,
-                    dialogues: set[str] | None = None) -> list[PreferencePair]:
+                    dialogues: set[str] | None = None, negatives=DEFAULT_NEGATIVES,
+                    per_state: int = 1) -> list[PreferencePair]:
     """Silver pairs from ESConv (a stand-in for ESC-Preference; see the module docstring).
 
     ``split`` is ``train`` or an ESConv-format JSONL path; the evaluation splits are refused so that
-    they stay unseen. With ``max_pairs``, a seeded sample of the eligible states is used. With
-    ``dialogues`` (dialogue ids), only those dialogues give states and negatives.
+    they stay unseen. With ``max_pairs``, a seeded sample of the eligible states gives that many pairs.
+    With ``dialogues`` (dialogue ids), only those dialogues give states and negatives. Each state gives
+    ``per_state`` pairs (one gold turn against that many negatives of distinct kinds, drawn from
+    ``negatives``; a kind named twice is drawn twice as often): the gold input is then shared.
     """
     if split in SPLITS and split != "train":
         raise UserError(f"--split {split}: silver pairs come from ESConv train only "
                         "(valid and test stay unseen by the reward model)")
     if max_pairs is not None and max_pairs < 1:
         raise UserError(f"--max-pairs must be >= 1, got {max_pairs}")
+    _check_mix(negatives, per_state)
     states = [s for s in load_states(split) if len(s.target.split()) >= MIN_GOLD_WORDS
               and (dialogues is None or s.dialogue_id in dialogues)]
     if not states:
         raise UserError(f"{split}: no dialogue state with a gold turn of >= {MIN_GOLD_WORDS} words")
     rng = random.Random(seed)
-    others = [(s.dialogue_id, s.target) for s in states]
-    if max_pairs is not None and max_pairs < len(states):
-        states = sorted(rng.sample(states, max_pairs), key=lambda s: (s.dialogue_id, s.turn_index))
-    pairs = []
-    for s in states:
-        kind = rng.choice(NEGATIVE_KINDS)
-        rejected = make_negative(kind, s, rng, others)
-        if rejected.strip() == s.target.strip():  # a duplicate turn elsewhere; fall back to a fixed kind
-            kind, rejected = "generic", rng.choice(GENERIC_REASSURANCES)
-        prov = {"source": "silver-esconv", "split": str(split), "dialogue_id": s.dialogue_id,
-                "turn_index": s.turn_index, "negative": kind, "seed": seed}
-        pairs.append(PreferencePair(f"silver-{s.dialogue_id}-{s.turn_index}", s.history, s.target,
-                                    rejected, None, prov))
-    return pairs
+    pool = NegativePool(states)
+    n_states = None if max_pairs is None else -(-max_pairs // per_state)
+    if n_states is not None and n_states < len(states):
+        states = sorted(rng.sample(states, n_states), key=lambda s: (s.dialogue_id, s.turn_index))
+    pairs = [p for s in states for p in _state_pairs(s, rng, pool, list(negatives), per_state, seed, split)]
+    return pairs[:max_pairs]
+
+
+def silver_pairs(cfg, dialogues: set[str] | None = None) -> list[PreferencePair]:
+    """``bootstrap_pairs`` on ``data.train`` with the config's seed, ``reward.max_pairs`` and negative mix."""
+    rc = cfg.reward
+    return bootstrap_pairs(cfg.data.train, cfg.run.seed, rc.max_pairs, dialogues, rc.silver_negatives,
+                           rc.silver_per_state)
 
 
 def bootstrap_main(args) -> int:
-    """``escrag prefs bootstrap --out FILE [--split train] [--seed N] [--max-pairs N]``."""
-    pairs = bootstrap_pairs(args.split, args.seed, args.max_pairs)
+    """``escrag prefs bootstrap --out FILE [--split train] [--seed N] [--max-pairs N] [--negatives K,K]
+    [--per-state N]``."""
+    negatives = tuple(args.negatives.split(",")) if args.negatives else DEFAULT_NEGATIVES
+    pairs = bootstrap_pairs(args.split, args.seed, args.max_pairs, negatives=negatives, per_state=args.per_state)
     write_pairs(pairs, args.out)
     kinds = Counter(p.provenance["negative"] for p in pairs)
     print(f"wrote {len(pairs)} silver pairs to {args.out} "

@@ -13,6 +13,9 @@ The checks, each over held-out dialogues with a bootstrap interval over dialogue
   half: the AUC), Spearman the rank correlation of the score with the rating over all dialogues.
 - ``other_dialogue``: the share of states where the gold turn outscores another dialogue's turn
   placed after the same history (ties half).
+- ``generic`` (with ``--generic FILE``, one reply a line, ``#`` comments): the share of (state, reply)
+  pairs where a generic reply of the file, placed after the state's history, outscores the gold turn
+  (ties half); a dialogue's value is the mean over its states and replies.
 
 The MiniLM proxy shares nothing with the training reward but ESConv: its features are
 all-MiniLM-L6-v2 sentence embeddings (the training RM reads SmolLM2's last hidden state), of the last
@@ -88,7 +91,27 @@ def _rating_check(per: np.ndarray, r: np.ndarray, lc, boot: tuple) -> dict:
             "spearman": _boot(lambda ix: _spearman(per[ix], r[ix]), len(r), *boot)}
 
 
-def check_scorer(score, items: list[dict], cfg: Config) -> dict:
+def read_replies(path: str) -> list[str]:
+    """A list of replies: one a line, blank lines and ``#`` comments skipped."""
+    from pathlib import Path
+
+    lines = [ln.strip() for ln in Path(path).read_text().splitlines()]
+    replies = [ln for ln in lines if ln and not ln.startswith("#")]
+    if not replies:
+        raise UserError(f"{path}: no replies (one a line)")
+    return replies
+
+
+def generic_share(score, items: list[dict], generic: list[str], gold: np.ndarray, boot: tuple) -> tuple:
+    """How often a generic reply after a state's history outscores its gold turn (module doc)."""
+    g = np.asarray(score([(i["history"], r) for i in items for r in generic]), dtype=np.float64)
+    g = g.reshape(len(items), len(generic))
+    beats = (g > gold[:, None]) + 0.5 * (g == gold[:, None])
+    ids = [i["dialogue_id"] for i in items]
+    return bootstrap_ci([beats[[k for k, x in enumerate(ids) if x == d]].mean() for d in dict.fromkeys(ids)], *boot)
+
+
+def check_scorer(score, items: list[dict], cfg: Config, generic: list[str] | None = None) -> dict:
     """``score([(history, reply), ...]) -> [float]`` against the labels of ``items`` (module doc)."""
     lc, boot = cfg.eval.labels, (cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed)
     gold = np.asarray(score([(i["history"], i["gold"]) for i in items]), dtype=np.float64)
@@ -98,6 +121,8 @@ def check_scorer(score, items: list[dict], cfg: Config) -> dict:
     per = np.array([gold[where[d]].mean() for d in ids])
     win = np.array([np.mean((gold[w] > other[w]) + 0.5 * (gold[w] == other[w])) for w in map(where.get, ids)])
     out = {"dialogues": len(ids), "states": len(items), "other_dialogue": bootstrap_ci(win, *boot)}
+    if generic:
+        out["generic"] = generic_share(score, items, generic, gold, boot)
     surveys = [items[where[d][0]]["survey"] for d in ids]
     if any(s is None for s in surveys):
         return out
@@ -161,7 +186,8 @@ def judge_answers(proxy: MiniLMProxy, path: str, cfg: Config) -> dict:
     return block(recs, "proxy", (cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed))
 
 
-def run_checks(cfg: Config, rms: dict[str, str], split: str, log=print, answers: str | None = None) -> dict:
+def run_checks(cfg: Config, rms: dict[str, str], split: str, log=print, answers: str | None = None,
+               generic: str | None = None) -> dict:
     """The MiniLM proxy fitted on train, then it and each reward head in ``rms`` checked on ``split``."""
     from escrag.embed import load_embedder
 
@@ -173,11 +199,12 @@ def run_checks(cfg: Config, rms: dict[str, str], split: str, log=print, answers:
     log(f"[labels] fitting the MiniLM proxy on {len(fit)} train pairs; checking on {len(items)} {split} states")
     proxy = MiniLMProxy(load_embedder(cfg.retriever.embedder), cfg).fit(fit)
     check_disjoint(proxy.dialogues, {i["dialogue_id"] for i in items})
+    replies = read_replies(generic) if generic else None
     out = {"split": split, "fit_pairs": len(fit), "fit_dialogues": len(proxy.dialogues),
-           "scorers": {"minilm_proxy": check_scorer(proxy.score, items, cfg)}}
+           "generic_file": generic, "scorers": {"minilm_proxy": check_scorer(proxy.score, items, cfg, replies)}}
     for name, head in rms.items():
         log(f"[labels] scoring with {name} ({head})")
-        out["scorers"][name] = check_scorer(rm_scorer(head), items, cfg)
+        out["scorers"][name] = check_scorer(rm_scorer(head), items, cfg, replies)
     if answers:
         out["answers"] = {"file": answers, "minilm_proxy": judge_answers(proxy, answers, cfg)}
     return out
@@ -190,13 +217,15 @@ def main(args) -> int:
 
     cfg = load_config(args.config, args.override)
     rms = dict(r.split("=", 1) if "=" in r else (r, r) for r in args.rm)
-    res = run_checks(cfg, rms, args.split, answers=args.answers)
+    res = run_checks(cfg, rms, args.split, answers=args.answers, generic=args.generic)
     write_json(args.out, res)
     for name, r in res["scorers"].items():
         line = f"{name}: other-dialogue {r['other_dialogue'][0]:.3f} [{r['other_dialogue'][1]:.3f}, {r['other_dialogue'][2]:.3f}]"
         for label in ("empathy", "relevance"):
             a, sp = r[label]["pairwise_accuracy"], r[label]["spearman"]
             line += f"; {label} AUC {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}] Spearman {sp[0]:+.3f} [{sp[1]:+.3f}, {sp[2]:+.3f}]"
+        if "generic" in r:
+            line += "; generic beats gold {:.3f} [{:.3f}, {:.3f}]".format(*r["generic"])
         print(line)
     if "answers" in res:
         print("MiniLM proxy on the comparison's answers: " + ", ".join(

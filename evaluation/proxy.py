@@ -260,13 +260,13 @@ def proxy_dialogue_set(cfg: Config, exclude: set[str]) -> set[str]:
 def train_proxy_rm(cfg: Config, out: str | Path, log_fn=print) -> dict:
     """Silver pairs from train dialogues disjoint from the training RM's -> a reward head in ``out``,
     plus ``proxy.json`` recording the dialogue set; the held-out check runs on the result."""
-    from escrag.pairs import bootstrap_pairs, write_pairs
+    from escrag.pairs import silver_pairs, write_pairs
     from reward_server.train import train_reward_model
 
     out, training = Path(out), training_rm_dir(cfg)
     exclude = rm_dialogues(training)
     chosen = proxy_dialogue_set(cfg, exclude)
-    pairs = bootstrap_pairs("train", cfg.run.seed, cfg.reward.max_pairs, dialogues=chosen)
+    pairs = silver_pairs(cfg, dialogues=chosen)
     log_fn(f"[proxy-rm] {len(pairs)} silver pairs from {len(chosen)} train dialogues outside the "
            f"{len(exclude)} of {training}")
     write_pairs(pairs, out / "pairs.jsonl")

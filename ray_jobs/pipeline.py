@@ -62,7 +62,8 @@ def stage_inputs(cfg: Config, stage: str) -> dict:
     """The config values (and input-file contents) a stage's output depends on."""
     data = {"train": cfg.data.train, "train_file": _file_hash(cfg.data.train), "seed": cfg.run.seed}
     if stage == "pairs":
-        return {**data, "pairs": _file_hash(cfg.reward.pairs), "max_pairs": cfg.reward.max_pairs}
+        return {**data, "pairs": _file_hash(cfg.reward.pairs), "max_pairs": cfg.reward.max_pairs,
+                "silver": [cfg.reward.silver_negatives, cfg.reward.silver_per_state]}
     if stage == "index":
         return {**data, "test": cfg.data.test, "retriever": _section(cfg, "retriever")}
     if stage == "rm":
@@ -101,7 +102,7 @@ class Manifest:
 
 
 def make_pairs(cfg: Config, log=print) -> dict:
-    from escrag.pairs import bootstrap_pairs, load_pairs, write_pairs
+    from escrag.pairs import load_pairs, silver_pairs, write_pairs
 
     path = run_paths(cfg).pairs
     if cfg.reward.pairs:
@@ -109,7 +110,7 @@ def make_pairs(cfg: Config, log=print) -> dict:
         log(f"[pipeline] {len(pairs)} preference pairs from {path}")
     else:
         log("[pipeline] bootstrapping silver pairs from ESConv train (a stand-in for ESC-Preference)")
-        pairs = bootstrap_pairs(cfg.data.train, cfg.run.seed, cfg.reward.max_pairs)
+        pairs = silver_pairs(cfg)
         write_pairs(pairs, path)
     return {"pairs": len(pairs)}
 

@@ -4,9 +4,10 @@ Owns: ``FeatureCache`` and ``cached_features``. Because the backbone is frozen (
 last-token feature of an input never changes; training the linear head for many epochs then needs no
 backbone pass at all after the first.
 
-Layout: ``<root>/<backbone fingerprint>/shard-*.npz``, each shard holding ``keys`` (hex sha256 of the
-backbone fingerprint and the exact input token ids, i.e. the rendered and truncated text) and
-``feats`` (float32 [n, H]). New features are written in shards of ``SHARD_ROWS`` as they are
+Layout: ``<root>/<feature id>/shard-*.npz`` (the backbone fingerprint, plus the layer and pooling read
+when they are not the last layer's last token), each shard holding ``keys`` (hex sha256 of the feature id and
+the exact input token ids, i.e. the rendered and truncated text, which also fix where the reply starts)
+and ``feats`` (float32 [n, H]). New features are written in shards of ``SHARD_ROWS`` as they are
 computed (temp file, then rename), so an interrupted run resumes where it stopped.
 """
 
@@ -66,16 +67,17 @@ class FeatureCache:
         self._rows.update(zip(keys, np.asarray(feats, dtype=np.float32)))
 
 
-def cached_features(backbone, seqs: list[list[int]], cache: FeatureCache, batch_size: int,
+def cached_features(backbone, encs: list, cache: FeatureCache, batch_size: int,
                     desc: str = "backbone features") -> tuple[np.ndarray, dict]:
-    """Features [n, H] for token sequences, running the backbone only on those not yet cached.
+    """Features [n, H] for encoded inputs (``reward_server.model.Encoded``), running the backbone only on
+    those not yet cached.
 
     Returns the features and {"cached": hits, "computed": sequences run through the backbone}.
     Unique missing sequences are sorted by length before batching to waste little padding.
     """
-    keys = [cache.key(s) for s in seqs]
+    keys = [cache.key(e.ids) for e in encs]
     have = cache.get(keys)
-    todo = sorted({k: s for k, s in zip(keys, seqs) if k not in have}.items(), key=lambda kv: len(kv[1]))
+    todo = sorted({k: e for k, e in zip(keys, encs) if k not in have}.items(), key=lambda kv: len(kv[1].ids))
     with progress_bar(total=len(todo), desc=desc, unit="seq", disable=not todo) as bar:
         for start in range(0, len(todo), SHARD_ROWS):
             chunk = todo[start:start + SHARD_ROWS]

@@ -2,8 +2,10 @@
 
 Owns: the model input (``escrag.prompts.rm_messages`` rendered by the backbone's chat template), the
 left truncation that keeps it within ``max_length`` tokens, the frozen backbone's feature (the final
-hidden state, after the last norm, of the input's last token), the linear head, and the head folder:
-``head.safetensors`` (``weight`` [H], ``bias`` [1]) plus ``manifest.json`` naming the backbone.
+norm applied to the output of layer ``reward.layer``, default the last, read at the input's last token
+or averaged over the reply's tokens: ``reward.pooling``), the linear head, and the head folder:
+``head.safetensors`` (``weight`` [H], ``bias`` [1]) plus ``manifest.json`` naming the backbone, the
+layer and the pooling.
 
 Truncation: an input longer than ``max_length`` loses tokens from the left of the *history* only. The
 RM system prompt and the candidate reply (the final assistant turn) are always kept whole; if they
@@ -19,8 +21,10 @@ of 80-160 tokens, SmolLM2, 2 cores: float32 5.3 seq/s alone vs 4.8 batched, bflo
 GPU, where batching pays, a batch is padded on the right and each row read at its own last real token
 (positions start at 0 in every row): equal up to rounding.
 
-Departures from the paper: the paper does not say which token's state feeds the head; we use the last
-token (``<|im_end|>`` of the reply under ChatML templates). ``max_history_turns`` optionally keeps only
+Departures from the paper: the paper does not say which layer or token feeds the head; the default is
+the last layer at the last token (``<|im_end|>`` of the reply under ChatML templates), and a middle layer
+(the layers above it are then not loaded nor run) or the mean over the reply's tokens is a config choice
+(experiments/reward_recipe/ chose the embedded default's). ``max_history_turns`` optionally keeps only
 the last N turns before the token budget applies.
 """
 
@@ -37,12 +41,14 @@ from escrag.models import cpu_bf16_ready, resolve_device, resolve_model, torch_d
 
 HEAD_FILE = "head.safetensors"
 FORMAT_VERSION = 1
+POOLINGS = ("last_token", "reply_mean")  # reward.pooling: the last token's state, or the mean over the reply's
 
 
 @dataclass(frozen=True)
 class Encoded:
     ids: list[int]  # backbone input ids, at most max_length unless the reply alone is longer
     truncated: bool  # history tokens were dropped to fit
+    reply_len: int  # the last reply_len ids are the reply's turn (its role header, text and end token)
 
 
 def backbone_fingerprint(spec: str, dtype: str) -> str:
@@ -64,20 +70,31 @@ def backbone_fingerprint(spec: str, dtype: str) -> str:
 class Backbone:
     """The frozen f_θ with its tokenizer; ``features`` counts every sequence it runs."""
 
-    def __init__(self, spec: str, dtype: str, max_length: int, max_turns: int | None = None, device: str = "cpu"):
-        """``dtype``, ``max_length``: ``reward.dtype``, ``reward.max_length`` (or a head's manifest)."""
+    def __init__(self, spec: str, dtype: str, max_length: int, max_turns: int | None = None, device: str = "cpu",
+                 layer: int | None = None, pooling: str = "last_token"):
+        """``dtype``, ``max_length``, ``layer``, ``pooling``: ``reward.*`` (or a head's manifest)."""
         import torch
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         path = resolve_model(spec)
+        depth = int(AutoConfig.from_pretrained(path).num_hidden_layers)
+        if pooling not in POOLINGS or (layer is not None and not 1 <= layer <= depth):
+            raise UserError(f"reward feature: layer {layer} (1-{depth} or None), pooling {pooling!r} "
+                            f"({' or '.join(POOLINGS)})")
         self.spec, self.dtype, self.max_length, self.max_turns = spec, dtype, max_length, max_turns
+        self.layer, self.pooling = layer, pooling
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = resolve_device(device)
-        self.model = cpu_bf16_ready(AutoModel.from_pretrained(path, dtype=torch_dtype(dtype))).to(self.device).eval()
+        # reading layer L: the layers above it are never loaded nor run (num_hidden_layers = L)
+        model = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype), num_hidden_layers=layer or depth)
+        self.model = cpu_bf16_ready(model).to(self.device).eval()
         self.model.requires_grad_(False)
         self.hidden_size = int(self.model.config.hidden_size)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.fingerprint = backbone_fingerprint(spec, dtype)
+        # the identity of a feature (caches): the backbone, and which layer and pooling are read
+        self.feature_id = self.fingerprint + ("" if (layer, pooling) == (None, "last_token") else
+                                              f"-L{layer or depth}-{pooling}")
         self.forward_passes = 0  # sequences run through the backbone so far
         self._torch = torch
 
@@ -91,32 +108,36 @@ class Backbone:
         full, context, system = render(msgs).rstrip(), render(msgs[:-1]), render(msgs[:1])
         if not (full.startswith(context) and context.startswith(system)):  # an unusual chat template
             ids = self._ids(full)
-            return Encoded(ids[-self.max_length:], len(ids) > self.max_length)
+            kept = ids[-self.max_length:]
+            return Encoded(kept, len(ids) > self.max_length, min(len(kept), len(self._ids(response.strip())) + 1))
         sys_ids, hist_ids = self._ids(system), self._ids(context[len(system):])
         reply_ids = self._ids(full[len(context):])
         budget = self.max_length - len(sys_ids) - len(reply_ids)
         if len(hist_ids) <= budget:
-            return Encoded(sys_ids + hist_ids + reply_ids, False)
+            return Encoded(sys_ids + hist_ids + reply_ids, False, len(reply_ids))
         kept = hist_ids[len(hist_ids) - budget:] if budget > 0 else []
-        return Encoded(sys_ids + kept + reply_ids, True)
+        return Encoded(sys_ids + kept + reply_ids, True, len(reply_ids))
 
-    def features(self, seqs: list[list[int]]):
-        """Last-token final hidden states, float32 tensor [B, H]: each row alone on a CPU, else one padded
-        batch (see the module doc)."""
-        if self.device == "cpu" and len(seqs) > 1:
-            return self._torch.cat([self.features([s]) for s in seqs])
+    def features(self, encs: list[Encoded]):
+        """Float32 tensor [B, H]: the final norm of layer ``layer``'s output, at the last token or averaged
+        over the reply's tokens (``pooling``); each row alone on a CPU, else one padded batch (module doc)."""
+        if self.device == "cpu" and len(encs) > 1:
+            return self._torch.cat([self.features([e]) for e in encs])
         torch = self._torch
-        lengths = torch.tensor([len(s) for s in seqs])
+        lengths = torch.tensor([len(e.ids) for e in encs])
         width = int(lengths.max())
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
-            mask[i, : len(s)] = 1
+        ids = torch.full((len(encs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(encs), width), dtype=torch.long)
+        for i, e in enumerate(encs):
+            ids[i, : len(e.ids)] = torch.tensor(e.ids)
+            mask[i, : len(e.ids)] = 1
         with torch.inference_mode():
             hidden = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
-        self.forward_passes += len(seqs)
-        return hidden[torch.arange(len(seqs)), lengths - 1].float().cpu()
+        self.forward_passes += len(encs)
+        if self.pooling == "last_token":
+            return hidden[torch.arange(len(encs)), lengths - 1].float().cpu()
+        return torch.stack([hidden[i, n - e.reply_len:n].float().mean(0) for i, (e, n) in
+                            enumerate(zip(encs, lengths.tolist()))]).cpu()
 
 
 # --------------------------------------------------------------------------- head folder
@@ -183,7 +204,8 @@ class RewardModel:
         weight, bias, manifest = load_head(head_dir)
         check_backbone(manifest, head_dir, backbone_spec)
         backbone = Backbone(backbone_spec or manifest["backbone"], manifest["dtype"], manifest["max_length"],
-                            manifest.get("max_history_turns"), device)
+                            manifest.get("max_history_turns"), device, manifest.get("layer"),
+                            manifest.get("pooling", "last_token"))
         if backbone.hidden_size != manifest["hidden_size"]:
             raise UserError(f"{head_dir}: head has {manifest['hidden_size']} inputs, backbone hidden size is "
                             f"{backbone.hidden_size}")
@@ -192,6 +214,6 @@ class RewardModel:
     def score(self, items: list[tuple[list[dict], str]]) -> tuple[list[float], list[bool]]:
         """One batch: rewards and, per item, whether its input was truncated."""
         enc = [self.backbone.encode(h, r) for h, r in items]
-        feats = self.backbone.features([e.ids for e in enc])
+        feats = self.backbone.features(enc)
         scores = feats @ self.weight + self.bias
         return scores.tolist(), [e.truncated for e in enc]

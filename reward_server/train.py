@@ -19,7 +19,7 @@ Departures from the paper / implementation choices:
    so the saved head is an ordinary linear map of the raw feature. It conditions the problem (a few
    hidden dimensions of a chat model are orders of magnitude larger than the rest).
 3. The held-out split is by dialogue (``provenance.dialogue_id``, else the pair id), so no dialogue is
-   on both sides. AdamW without weight decay.
+   on both sides. AdamW; ``reward.weight_decay`` decays the head's standardised weight, not its bias.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def fit_head(train: tuple, held: tuple, rc, seed: int, log=print):
     z_pos, z_neg = (x_pos - mean) / std, (x_neg - mean) / std
     w = torch.zeros(both.shape[1], requires_grad=True)
     b = torch.zeros((), requires_grad=True)
-    opt = torch.optim.AdamW([w, b], lr=rc.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([{"params": [w], "weight_decay": rc.weight_decay}, {"params": [b], "weight_decay": 0.0}],
+                            lr=rc.lr)
     step_pairs = rc.batch_size * rc.grad_accum
     steps_per_epoch = math.ceil(len(x_pos) / step_pairs)
     gen = torch.Generator().manual_seed(seed)
@@ -109,7 +110,7 @@ def fit_head(train: tuple, held: tuple, rc, seed: int, log=print):
 
 def _encode_pairs(backbone, pairs: list[PreferencePair]):
     encs = [backbone.encode(p.history, text) for p in pairs for text in (p.chosen, p.rejected)]
-    return [e.ids for e in encs], sum(e.truncated for e in encs)
+    return encs, sum(e.truncated for e in encs)
 
 
 def _features(cfg, backbone, pairs):
@@ -118,7 +119,7 @@ def _features(cfg, backbone, pairs):
 
     from reward_server.features import FeatureCache, cached_features
 
-    cache = FeatureCache(cfg.reward.feature_cache, backbone.fingerprint, backbone.hidden_size)
+    cache = FeatureCache(cfg.reward.feature_cache, backbone.feature_id, backbone.hidden_size)
     seqs, truncations = _encode_pairs(backbone, pairs)
     feats, stats = cached_features(backbone, seqs, cache, cfg.reward.feature_batch_size)
     x = torch.from_numpy(feats)
@@ -136,7 +137,8 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
         pairs = random.Random(seed).sample(pairs, rc.max_pairs)
     train, held = split_pairs(pairs, rc.heldout_fraction, seed)
     log(f"{len(train)} training pairs, {len(held)} held-out pairs; backbone {rc.backbone} ({rc.compute_dtype})")
-    backbone = Backbone(rc.backbone, rc.compute_dtype, rc.max_length, cfg.data.max_history_turns, rc.device)
+    backbone = Backbone(rc.backbone, rc.compute_dtype, rc.max_length, cfg.data.max_history_turns, rc.device,
+                        rc.layer, rc.pooling)
     t0 = time.perf_counter()
     x_train, stats = _features(cfg, backbone, train)
     x_held, stats_h = _features(cfg, backbone, held)
@@ -146,7 +148,7 @@ def train_reward_model(cfg, pairs_path: str | Path, out: str | Path, log=print) 
     final = pair_metrics(weight, bias, *x_train, rc.center_coef)
     manifest = {"backbone": rc.backbone, "backbone_fingerprint": backbone.fingerprint, "dtype": rc.compute_dtype,
                 "max_length": rc.max_length, "max_history_turns": cfg.data.max_history_turns,
-                "pooling": "last_token", "pairs": str(pairs_path), "center_coef": rc.center_coef,
+                "layer": rc.layer, "pooling": rc.pooling, "pairs": str(pairs_path), "center_coef": rc.center_coef,
                 # the dialogues it saw (held-out pairs included): the evaluation's proxy RM avoids them
                 "dialogue_ids": sorted({p.group for p in pairs})}
     metrics = {

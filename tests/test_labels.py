@@ -56,6 +56,23 @@ def test_check_scorer_matches_a_direct_computation(cfg):
         assert lo <= m <= hi
 
 
+def test_generic_share_matches_a_direct_computation(cfg, tmp_path):
+    from evaluation.labels import read_replies
+
+    items = label_items("test", 2, 0)
+    path = tmp_path / "generic.txt"
+    path.write_text("# a comment\nI see.\n\nThat sounds really very hard for you.\n")
+    generic = read_replies(path)
+    assert generic == ["I see.", "That sounds really very hard for you."]
+    score = lambda pairs: [float(len(reply)) for _, reply in pairs]  # noqa: E731
+    res = check_scorer(score, items, cfg, generic)
+    ids = list(dict.fromkeys(i["dialogue_id"] for i in items))
+    per = [np.mean([(len(g) > len(i["gold"])) + 0.5 * (len(g) == len(i["gold"])) for i in items
+                    if i["dialogue_id"] == d for g in generic]) for d in ids]
+    assert res["generic"][0] == pytest.approx(np.mean(per)) and res["generic"][1] <= res["generic"][0] <= res["generic"][2]
+    assert "generic" not in check_scorer(score, items, cfg)
+
+
 def test_minilm_proxy_fits_on_train_and_is_judged_on_other_dialogues(cfg):
     from escrag.embed import load_embedder
 

@@ -2,7 +2,8 @@
 set (features computed once, a second run reads them all from the cache), reports held-out accuracy
 and margin per epoch, and its final training loss equals the formula computed by hand from the saved
 head and the cached features; the CLI and `python -m ray_jobs.train_rm` work and report bad input;
-the job also runs as a Ray task. One slow test trains on SmolLM2 features.
+the job also runs as a Ray task; the layer, pooling and weight decay of the config reach the head. One
+slow test trains on SmolLM2 features.
 Run: .venv/bin/python -m pytest -q tests/test_reward_train.py  (add -m "not slow" to skip SmolLM2)"""
 
 import json
@@ -66,7 +67,7 @@ def test_final_loss_matches_hand_computation_from_cache_and_head(small_run):
     head = load_file(str(tmp / "head" / "head.safetensors"))
     w, b = head["weight"].double().tolist(), float(head["bias"][0])
     bb = Backbone(cfg.reward.backbone, cfg.reward.compute_dtype, cfg.reward.max_length, cfg.data.max_history_turns)
-    cache = FeatureCache(cfg.reward.feature_cache, bb.fingerprint, bb.hidden_size)
+    cache = FeatureCache(cfg.reward.feature_cache, bb.feature_id, bb.hidden_size)
     train, held = split_pairs(load_pairs(pairs_path), cfg.reward.heldout_fraction, cfg.run.seed)
 
     def reward(history, text):
@@ -120,6 +121,40 @@ def test_ray_job_module_in_process_and_as_ray_task(small_run, tmp_path, ray_sess
     remote = run(cfg, pairs, tmp_path / "b", use_ray=True)  # the same work inside one Ray task
     assert remote["features_cached"] == 80 and (tmp_path / "b" / "manifest.json").is_file()
     assert remote["train_loss_final"] == pytest.approx(m["train_loss_final"], rel=1e-5)
+
+
+def test_the_feature_options_reach_the_trained_head(small_run, tmp_path):
+    """``reward.layer`` / ``reward.pooling`` / ``reward.weight_decay`` from the config: the head is fitted
+    on the features they name (its final loss equals the formula on those features), its manifest
+    records them, the served model reads them, and the decay shrinks the head."""
+    cfg, pairs, tmp, base = small_run
+    over = [f"reward.feature_cache={tmp / 'features'}", "reward.epochs=3", "reward.heldout_fraction=0.25",
+            "reward.layer=1", "reward.pooling=reply_mean"]
+    cfg1 = load_config(ROOT / "configs/cpu-test.yaml", over)
+    m = train_reward_model(cfg1, pairs, tmp_path / "h")
+    assert m["features_computed"] == 80  # another feature: nothing from the first run's cache
+    manifest = json.loads((tmp_path / "h" / "manifest.json").read_text())
+    assert (manifest["layer"], manifest["pooling"]) == (1, "reply_mean")
+    bb = Backbone(cfg1.reward.backbone, cfg1.reward.compute_dtype, cfg1.reward.max_length, cfg1.data.max_history_turns,
+                  layer=1, pooling="reply_mean")
+    head = load_file(str(tmp_path / "h" / "head.safetensors"))
+    train, _ = split_pairs(load_pairs(pairs), cfg1.reward.heldout_fraction, cfg1.run.seed)
+
+    def rewards(side):
+        encs = [bb.encode(p.history, getattr(p, side)) for p in train]
+        return (bb.features(encs) @ head["weight"] + head["bias"]).tolist()
+
+    assert m["train_loss_final"] == pytest.approx(_hand_loss(rewards("chosen"), rewards("rejected"),
+                                                             cfg1.reward.center_coef), rel=1e-4)
+    from reward_server.model import RewardModel
+
+    served = RewardModel.load(tmp_path / "h").score([(p.history, p.chosen) for p in train[:4]])[0]
+    assert served == pytest.approx(rewards("chosen")[:4], abs=1e-5)
+    decayed = train_reward_model(load_config(ROOT / "configs/cpu-test.yaml", [*over, "reward.weight_decay=5.0"]),
+                                 pairs, tmp_path / "d")
+    assert decayed["features_computed"] == 0
+    w_d = load_file(str(tmp_path / "d" / "head.safetensors"))["weight"]
+    assert float(w_d.norm()) < 0.9 * float(head["weight"].norm())
 
 
 @pytest.mark.slow

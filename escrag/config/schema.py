@@ -174,6 +174,18 @@ class RewardConfig:
     heldout_fraction: Float = option(0.1, "share of the pairs held out to report the head's accuracy", gt=0.0, lt=1.0)
     max_length: Int = option(1024, "tokens; longer inputs lose history from the left", ge=16)
     max_pairs: Int | None = option(None, "seeded subsample of the pairs to train on; None: all", ge=2)
+    silver_negatives: list[Literal["other_dialogue", "same_problem", "same_dialogue", "generic", "lecturing",
+                                   "truncated"]] = option(
+        ["other_dialogue", "generic", "lecturing", "truncated"],
+        "kinds of rejected reply of the bootstrapped silver pairs (escrag/pairs.py; a kind named twice is drawn "
+        "twice as often)", min_length=1)
+    silver_per_state: Int = option(1, "silver pairs per ESConv state, of distinct negative kinds: the gold "
+                                   "turn's features are shared by them", ge=1)
+    layer: Int | None = option(None, "backbone layer whose output (after the final norm) feeds the head; the "
+                               "layers above it are not run; None: the last", ge=1)
+    pooling: Literal["last_token", "reply_mean"] = option(
+        "last_token", "the head reads the input's last token, or the mean over the reply's tokens")
+    weight_decay: Float = option(0.0, "AdamW weight decay of the head (on its standardised weights)", ge=0.0)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
         "float32", "frozen backbone dtype (its features and the head fitted on them); auto = bfloat16 where it is "
         "fast (reward.device a GPU, or a CPU with AMX / AVX512-BF16), else float32, resolved when the config is "
