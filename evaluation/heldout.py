@@ -3,8 +3,8 @@ comparison of their answers (``make demo``'s last stage, ``ray_jobs.demo --compa
 
 Owns: ``answer_all`` (RAG answers with their reward parts, one engine for every policy on a CPU, each
 answer independent of its batch), ``compare_policies`` (every answer kept in
-``<grpo>/compare-<split>.jsonl``, the summary of ``evaluation.compare.summarize``) and
-``print_compare``. The statistics themselves are ``evaluation.compare``.
+``<grpo>/compare-<split>.jsonl``, the summary of ``evaluation.compare.summarize`` and the same answers
+judged by the independent MiniLM proxy, ``evaluation.labels``) and ``print_compare``. The statistics themselves are ``evaluation.compare``.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def compare_policies(cfg: Config, states, jobs: list[tuple], both: dict, split: 
     from escrag.atomic import atomic_file
     from escrag.safety.classifier import RiskClassifier
     from evaluation.compare import answer_records, summarize
+    from evaluation.labels import fit_proxy, judge_answers
 
     records = []
     # one classifier for both policies: its cache reads each shared conversation prefix once (~2x faster)
@@ -95,10 +96,12 @@ def compare_policies(cfg: Config, states, jobs: list[tuple], both: dict, split: 
     for name, res in both.items():
         answers, parts = [a for a, _ in res], [p for _, p in res]
         records += answer_records(name, jobs, answers, parts, _risks(risk, [s for s, _, _ in jobs], answers))
-    with atomic_file(run_paths(cfg).grpo / f"compare-{split}.jsonl") as fh:
+    path = run_paths(cfg).grpo / f"compare-{split}.jsonl"
+    with atomic_file(path) as fh:
         fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     return {"split": split, "states": [s.state_id for s in states], "samples": cfg.run.demo_compare_samples,
-            **summarize(records, cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed)}
+            **summarize(records, cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed),
+            "minilm_proxy": judge_answers(fit_proxy(cfg), str(path), cfg)}
 
 
 def print_compare(cmp: dict) -> None:
@@ -106,9 +109,12 @@ def print_compare(cmp: dict) -> None:
     rows = [("format rate", "format"), ("RM, all answers", "rm"), ("RM, answers parsing in both", "rm_both_parse"),
             ("reward (RM + format)", "reward"), ("strategy accuracy", "strategy_hit")]
     print("95% bootstrap intervals over states; GRPO - SFT paired:")
-    for label, key in rows:
+    for label, key in [*rows, ("independent MiniLM proxy", "minilm_proxy")]:
         c = cmp[key]
         print(f"  {label:<30} SFT {fmt(*c['sft'])}  GRPO {fmt(*c['grpo'])}  GRPO - SFT (paired) {fmt(*c['delta'])}")
+    print(f"What this shows: whether GRPO moved {c['states']} held-out answers by the reward it was trained on (RM) and "
+          "by one it was not (the MiniLM proxy, fitted on other features); not that it supports people better: no "
+          "person or judge rated these answers (experiments/strategy_claim/ tests the method against ESConv's labels).")
     sa = cmp["strategy_accuracy"]
     print("strategy accuracy, Wilson 95% over answers: " + ", ".join(
         f"{k} {fmt(*v)}" for k, v in sa.items() if isinstance(v, (list, tuple))) + f" (majority: {sa['majority_label']})")

@@ -38,13 +38,18 @@ from escrag.errors import UserError
 from escrag.stats import bootstrap_ci
 
 
-def label_items(split: str, per_dialogue: int, seed: int, surveyed: bool = True) -> list[dict]:
+def label_items(split: str, per_dialogue: int, seed: int, surveyed: bool = True,
+                max_dialogues: int | None = None) -> list[dict]:
     """Up to ``per_dialogue`` seeded gold states per dialogue of ``split`` (only surveyed ones when
-    ``surveyed``), each with ``other``: the gold turn of a state from another dialogue."""
+    ``surveyed``; a seeded sample of ``max_dialogues`` when given), each with ``other``: the gold turn
+    of a state from another dialogue."""
     surveys = load_surveys(split) if surveyed else {}
     rng = random.Random(f"{seed}/labels/{split}")
+    dialogues = load_dialogues(split)
+    if max_dialogues is not None and max_dialogues < len(dialogues):
+        dialogues = rng.sample(dialogues, max_dialogues)
     picked: list[DialogueState] = []
-    for d in load_dialogues(split):
+    for d in dialogues:
         if surveyed and d.dialogue_id not in surveys:
             continue
         states = list(dialogue_states(d))
@@ -156,7 +161,7 @@ class MiniLMProxy:
         x = self.features([(i["history"], i["gold"]) for i in items] + [(i["history"], i["other"]) for i in items])
         y = np.r_[np.ones(len(items)), np.zeros(len(items))]
         self.model = LogisticRegression(C=self.cfg.eval.labels.proxy_c, max_iter=2000).fit(x, y)
-        self.dialogues = {i["dialogue_id"] for i in items}
+        self.dialogues, self.fit_pairs = {i["dialogue_id"] for i in items}, len(items)
         return self
 
     def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
@@ -186,21 +191,28 @@ def judge_answers(proxy: MiniLMProxy, path: str, cfg: Config) -> dict:
     return block(recs, "proxy", (cfg.eval.bootstrap, cfg.eval.ci, cfg.run.seed))
 
 
+def fit_proxy(cfg: Config, log=print) -> MiniLMProxy:
+    """The MiniLM proxy fitted on train (``eval.labels``: states per dialogue, dialogues sampled)."""
+    from escrag.embed import load_embedder
+
+    lc = cfg.eval.labels
+    fit = label_items("train", lc.fit_states_per_dialogue, cfg.run.seed, surveyed=False,
+                      max_dialogues=lc.proxy_fit_dialogues)
+    log(f"[labels] fitting the MiniLM proxy on {len(fit)} train pairs")
+    return MiniLMProxy(load_embedder(cfg.retriever.embedder), cfg).fit(fit)
+
+
 def run_checks(cfg: Config, rms: dict[str, str], split: str, log=print, answers: str | None = None,
                generic: str | None = None) -> dict:
     """The MiniLM proxy fitted on train, then it and each reward head in ``rms`` checked on ``split``."""
-    from escrag.embed import load_embedder
-
     if split == "train":
         raise UserError("the label checks run on held-out dialogues (valid or test), not train")
-    lc = cfg.eval.labels
-    fit = label_items("train", lc.fit_states_per_dialogue, cfg.run.seed, surveyed=False)
-    items = label_items(split, lc.states_per_dialogue, cfg.run.seed)
-    log(f"[labels] fitting the MiniLM proxy on {len(fit)} train pairs; checking on {len(items)} {split} states")
-    proxy = MiniLMProxy(load_embedder(cfg.retriever.embedder), cfg).fit(fit)
+    items = label_items(split, cfg.eval.labels.states_per_dialogue, cfg.run.seed)
+    log(f"[labels] checking on {len(items)} {split} states")
+    proxy = fit_proxy(cfg, log)
     check_disjoint(proxy.dialogues, {i["dialogue_id"] for i in items})
     replies = read_replies(generic) if generic else None
-    out = {"split": split, "fit_pairs": len(fit), "fit_dialogues": len(proxy.dialogues),
+    out = {"split": split, "fit_pairs": proxy.fit_pairs, "fit_dialogues": len(proxy.dialogues),
            "generic_file": generic, "scorers": {"minilm_proxy": check_scorer(proxy.score, items, cfg, replies)}}
     for name, head in rms.items():
         log(f"[labels] scoring with {name} ({head})")

@@ -23,6 +23,7 @@ import torch
 from escrag.config import RolloutConfig, load_config, run_paths, to_dict
 from escrag.data import load_states
 from escrag.records import Sample, ScoredGroup
+from evaluation.labels import fit_proxy
 from rollout.engines.base import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,7 @@ def test_paper_tiny_differs_from_paper_3b_only_in_size():
 # rollout worker) have tests of their own (test_engine_continuous, test_rollout); here they would only
 # add minutes to tests about stages (the engines built below run uncompiled too).
 QUICK = ["-o", "rollout.compile=false", "-o", "safety.rollout_metric=false"]
+PROXY = ["-o", "eval.labels.proxy_fit_dialogues=40"]
 
 
 def _pipeline(out: Path, ray_address: str, *extra: str) -> dict:
@@ -109,10 +111,11 @@ def test_grpo_starts_from_the_sft_weights(run):
 def _compare(out: Path, ray_address: str, states: int) -> list[dict]:
     cmd = [sys.executable, "-m", "ray_jobs.demo", "--config", "configs/paper-tiny.yaml", "--compare-only",
            "-o", f"run.output_dir={out}", "-o", "run.demo_examples=1", "-o", f"run.demo_compare_states={states}",
-           "-o", "run.demo_compare_samples=2", "-o", f"ray.address={ray_address}", *QUICK]
+           "-o", "run.demo_compare_samples=2", "-o", f"ray.address={ray_address}", *QUICK, *PROXY]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "GRPO - SFT (paired)" in proc.stdout
+    assert "GRPO - SFT (paired)" in proc.stdout and "independent MiniLM proxy" in proc.stdout
+    assert "What this shows:" in proc.stdout and "no person or judge rated these answers" in proc.stdout
     path = out / "grpo" / "compare-test.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -141,6 +144,12 @@ def test_demo_compares_sft_and_grpo_on_fixed_held_out_states(run, ray_session):
     for key in ("format", "rm", "reward", "strategy_hit"):
         assert cmp[key]["delta"][0] == pytest.approx(cmp[key]["grpo"][0] - cmp[key]["sft"][0])
     assert cmp["strategy_accuracy"]["sft"][0] == pytest.approx(sum(r["strategy_hit"] for r in sft.values()) / 6)
+    # the independent MiniLM proxy judged the same saved answers: its means are those answers' scores
+    proxy = fit_proxy(load_config(ROOT / "configs/paper-tiny.yaml", [PROXY[1]]), log=lambda _: None)
+    for name, recs in (("sft", sft), ("grpo", grpo)):
+        scores = proxy.score([(test[r["state_id"]].history, r["response"]) for r in recs.values()])
+        assert cmp["minilm_proxy"][name][0] == pytest.approx(sum(scores) / 6, abs=1e-6)
+    assert cmp["minilm_proxy"]["delta"][0] == pytest.approx(cmp["minilm_proxy"]["grpo"][0] - cmp["minilm_proxy"]["sft"][0])
     again = _compare(out, ray_session.address, 2)
     shared = {(r["policy"], r["state_id"], r["sample"]): r for r in again}
     assert len(shared) == 8

@@ -508,6 +508,8 @@ class LabelsConfig:
     low: Int = option(3, "a seeker rating at or below this is low", ge=1, le=5)
     fit_states_per_dialogue: Int = option(2, "MiniLM proxy: gold turns per train dialogue it is fitted on", ge=1)
     proxy_c: Float = option(1.0, "MiniLM proxy: inverse L2 strength of its logistic regression", gt=0.0)
+    proxy_fit_dialogues: Int | None = option(None, "MiniLM proxy: fit on a seeded sample of this many train dialogues "
+                                             "(None: all); the demo's comparison fits its own", ge=2)
 
 
 @section
