@@ -230,12 +230,47 @@ def table_lines(summary: dict) -> list[str]:
     return lines
 
 
+def training_signal(summary: dict) -> dict:
+    """Per trained arm: the mean strategy reward of its training rollouts (reward - format), over steps and seeds."""
+    out: dict[str, list[float]] = {}
+    for key, rows in summary["curves"].items():
+        out.setdefault(key.split("/")[0], []).extend(r["reward_mean"] - r["format_mean"] for r in rows)
+    return {arm: round(sum(v) / len(v), 4) for arm, v in out.items()}
+
+
+def write_report(summary: dict, rescore: dict | None, path: Path, command: str) -> Path:
+    """The results page of one run: its tables, the decision and where the numbers are (all read from
+    ``summary`` and ``rescore``)."""
+    lines = ["# strategy_claim: the result (generated from summary.json and rescore.json; do not edit)", "",
+             f"    {command}", "", f"Config: {json.dumps(summary['config'])}.", *table_lines(summary), "",
+             f"Decision (README.md's rule, on test): {json.dumps(summary['decision'])}.", "",
+             "Strategy reward of the training rollouts, mean over steps and seeds (the signal GRPO had): "
+             + json.dumps(training_signal(summary)) + "."]
+    fmt = "{:+.3f} [{:+.3f}, {:+.3f}]".format
+    for key, name in (("rm", "the training reward model"), ("proxy", "the independent MiniLM proxy")):
+        if rescore:
+            lines += ["", f"The same test answers scored by {name} (`rescore.json`, head {rescore['rm_dir']}): paired "
+                      "vs vanilla+rag over states"]
+            lines += [f"- {system}: {fmt(*e['vs_vanilla+rag']['states'])}" for system, e in rescore[key]["test"].items()
+                      if "vs_vanilla+rag" in e]
+    lines += ["", "Timings (s): " + ", ".join(f"{k[:-2]} {v:.0f}" for k, v in summary["seconds"].items()), ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.strategy_claim.job", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="experiments/strategy_claim/config.yaml")
     p.add_argument("-o", "--override", action="append", default=[])
+    p.add_argument("--report", metavar="DIR", help="write DIR/README.md from DIR/summary.json (and rescore.json)")
     args = p.parse_args(argv)
     cfg = load(args.config, args.override)
+    if args.report:
+        folder = Path(args.report)
+        rescore = json.loads((folder / "rescore.json").read_text()) if (folder / "rescore.json").exists() else None
+        write_report(json.loads((folder / "summary.json").read_text()), rescore, folder / "README.md",
+                     "python -m experiments.strategy_claim.job && python -m experiments.strategy_claim.rescore --rm DIR")
+        return 0
 
     def go() -> int:
         summary = run(cfg, Path(cfg.run.output_dir))
