@@ -75,6 +75,7 @@ class Backbone:
         """``dtype``, ``max_length``, ``layer``, ``pooling``: ``reward.*`` (or a head's manifest)."""
         import torch
         from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         path = resolve_model(spec)
         depth = int(AutoConfig.from_pretrained(path).num_hidden_layers)
@@ -85,8 +86,14 @@ class Backbone:
         self.layer, self.pooling = layer, pooling
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = resolve_device(device)
-        # reading layer L: the layers above it are never loaded nor run (num_hidden_layers = L)
-        model = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype), num_hidden_layers=layer or depth)
+        # reading layer L: the layers above it are never loaded nor run (num_hidden_layers = L); transformers
+        # would list their weights as unexpected, a warning that is expected here
+        quiet = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype), num_hidden_layers=layer or depth)
+        finally:
+            hf_logging.set_verbosity(quiet)
         self.model = cpu_bf16_ready(model).to(self.device).eval()
         self.model.requires_grad_(False)
         self.hidden_size = int(self.model.config.hidden_size)
