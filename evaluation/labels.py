@@ -18,7 +18,7 @@ The checks, each over held-out dialogues with a bootstrap interval over dialogue
   (ties half); a dialogue's value is the mean over its states and replies.
 
 The MiniLM proxy shares nothing with the training reward but ESConv: its features are
-all-MiniLM-L6-v2 sentence embeddings (the training RM reads SmolLM2's last hidden state), of the last
+all-MiniLM-L6-v2 sentence embeddings (the training RM reads a SmolLM2 layer's hidden states), of the last
 client turn h and the reply r: [h * r, |h - r|, r]; its head is a logistic regression; its pairs are
 gold turns against another dialogue's turn (the training RM's are silver corruptions of gold turns),
 from train dialogues only. What it shares: ESConv's text, and the MiniLM embedder is the retriever's,
