@@ -79,15 +79,24 @@ async def retrieve(retriever, queries: list[str], k: int,
 async def answer(history: list[dict], chat: Chat, retriever, cfg: Config, *, rag: bool = True,
                  k: int | None = None, seed: int | None = None, exclude_dialogue_id: str | None = None) -> dict:
     """RAG inference (Algorithm 1, lines 18-23) for one history over any ``chat`` function; with
-    ``rag=False`` one stage. Returns the final output, its client-facing text and the stage-1 parts."""
+    ``rag=False`` one stage. Returns the final output, its client-facing text and the stage-1 parts.
+    Where the k exemplars make the stage-2 prompt longer than the engine's context (long retrieved
+    chunks: our departure, the paper does not say), the last-ranked are dropped until it fits, and
+    ``exemplars`` holds those shown; a history too long for stage 1 is still the caller's error."""
     seeds = (None, None) if seed is None else (derive_seed(seed, 1), derive_seed(seed, 2))
     first = await chat(stage1_messages(history, cfg), 1, seeds[0])
     if not rag:
         return _answer_dict(first, "", [], "")
     query = retrieval_query(first, history)
     (exemplars,) = await retrieve(retriever, [query], k or cfg.retriever.k, [exclude_dialogue_id])
-    final = await chat(stage2_messages(history, first, exemplars, cfg), 2, seeds[1])
-    return _answer_dict(final, first, exemplars, query)
+    while True:  # the exemplars that fit the context, best first: the client's input did fit stage 1
+        try:
+            final = await chat(stage2_messages(history, first, exemplars, cfg), 2, seeds[1])
+            return _answer_dict(final, first, exemplars, query)
+        except ContextLengthError:
+            if not exemplars:
+                raise
+            exemplars = exemplars[:-1]
 
 
 def _answer_dict(output: str, initial_output: str, exemplars: list[dict], query: str) -> dict:

@@ -137,6 +137,27 @@ def test_answer_in_process(urls, tiny_model):
     assert one["exemplars"] == [] and one["initial"] == "" and one["output"] == ans["initial_output"]
 
 
+def test_exemplars_that_overflow_the_context_are_dropped_not_a_400(urls, tiny_model):
+    """Long retrieved chunks can push the stage-2 prompt past the engine's context although the
+    client's conversation fits (the load benchmark's counselor got a 400 on a good request): the
+    last-ranked exemplars are dropped until it fits, and the answer names those shown."""
+    from retriever_server.client import RetrieverClient
+    from rollout.engines.hf_engine import HFEngine
+    from rollout.episode import answer, engine_chat, prompt_ids, stage2_messages
+
+    cfg = load_config("configs/cpu-test.yaml", [a for a in ARGS if a != "-o"])
+    engine, state = HFEngine(tiny_model, cfg.rollout), load_states("test")[0]
+    full = asyncio.run(answer(state.history, engine_chat(engine, cfg), RetrieverClient(urls["retriever"]), cfg, seed=3))
+    shown = full["exemplars"]
+    one = len(prompt_ids(engine.tokenizer, stage2_messages(state.history, full["initial_output"], shown[:1], cfg)))
+    two = len(prompt_ids(engine.tokenizer, stage2_messages(state.history, full["initial_output"], shown, cfg)))
+    assert len(shown) == 2 and two > one + 8
+    tight = load_config("configs/cpu-test.yaml", [a for a in ARGS if a != "-o"] + [f"rollout.max_seq_len={one + 8}"])
+    ans = asyncio.run(answer(state.history, engine_chat(HFEngine(tiny_model, tight.rollout), tight),
+                             RetrieverClient(urls["retriever"]), tight, seed=3))
+    assert ans["initial_output"] == full["initial_output"] and ans["exemplars"] == shown[:1]
+
+
 def test_endpoint_mode_runs_the_two_stage_path_over_a_remote_model(urls, tmp_path):
     """A remote OpenAI-compatible model (the scripted double) behind ``--endpoint``: stage 1 answers
     the client, stage 2 sees ĉ as its own turn and the exemplars, and the reply is stage 2's."""
