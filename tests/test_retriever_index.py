@@ -136,10 +136,18 @@ async def _call(app, requests):
 
 
 def test_app_coalesces_concurrent_queries(index, embedder):
-    rc = dataclasses.replace(load_config().retriever, max_wait_ms=600_000, embed_batch_size=12)  # close on count
+    """24 single-query requests: two micro-batches of 12 (closed on count), each embedded in forwards of
+    ``retriever.forward_batch`` (4): 6 forwards of the model, each hit still the query's own chunk."""
+    rc = dataclasses.replace(load_config().retriever, max_wait_ms=600_000, embed_batch_size=12, forward_batch=4)
     app = build_app(RetrieverService(index, embedder, rc))
     queries = [embed_text(c) for c in index.chunks[:24]]
-    answers, metrics = asyncio.run(_call(app, [{"json": {"queries": [q], "k": 2}} for q in queries]))
+    forwards = []
+    hook = embedder.model.register_forward_hook(lambda _m, args, _out: forwards.append(1))
+    try:
+        answers, metrics = asyncio.run(_call(app, [{"json": {"queries": [q], "k": 2}} for q in queries]))
+    finally:
+        hook.remove()
+    assert len(forwards) == 6
     assert [a.status_code for a in answers] == [200] * 24
     assert [a.json()["results"][0][0]["id"] for a in answers] == [c["id"] for c in index.chunks[:24]]
     assert _metric(metrics, "retriever_batch_size_sum") == 24
