@@ -32,7 +32,7 @@ SOURCES: dict[str, list[tuple[str, str]]] = {
                 ("bench/results/learner_avx2.json", ""),
                 ("bench/results/learner_glibc_defaults.json", "ours with glibc's malloc defaults"),
                 ("bench/results/learner_same_malloc_both.json", "the same malloc settings on both sides")],
-    "grpo_vs_trl": [("bench/results/grpo_vs_trl_two_stage_bf16.json", ""),
+    "grpo_vs_trl": [("bench/results/grpo_vs_trl_kinds.json", ""), ("bench/results/grpo_vs_trl_two_stage_bf16.json", ""),
                     ("bench/results/grpo_vs_trl_float32.json", "")],
     "rollout": [("bench/results/rollout.json", "")],
     "retriever": [("bench/results/retriever.json", "")],
