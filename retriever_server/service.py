@@ -1,9 +1,9 @@
 """The retrieval logic behind ``POST /retrieve``: queries -> top-k exemplar chunks.
 
 Owns: ``RetrieverService``. Queries from concurrent requests go through one ``MicroBatcher``; each
-batch is embedded in one call (sorted by length, in forwards of ``retriever.forward_batch``: one padded
-forward over queries of 10 to 150 tokens costs more than the queries alone) and searched with one FAISS call (at the largest k of the batch, then
-cut per query), so many single-query clients cost about what one batched caller does. A query may
+batch is embedded in one call (sorted by length, in forwards of ``retriever.forward_batch``: one forward
+padded to the longest of queries of 10 to 150 tokens costs more than the queries alone) and searched
+with one FAISS call (at the largest k of the batch, then cut per query), so many single-query clients cost about what one batched caller does. A query may
 name a dialogue whose chunks it must not get back (training excludes the state's own dialogue): the
 search then asks for k + the most chunks any one dialogue has, so k hits survive the filter exactly.
 ``search_batch`` is the same work without the batcher, for in-process callers and the benchmark.

@@ -133,8 +133,7 @@ class RetrieverConfig:
     device: Str = option("auto", "embedder: auto = cuda when a GPU is visible, else cpu")
     max_wait_ms: Float = option(5.0, "micro-batching window of the server", ge=0.0)
     forward_batch: Int = option(8, "texts per embedder forward in the server: a micro-batch is sorted by length "
-                                "and embedded this many at a time (MiniLM, 32 ESConv queries on 2 cores: 166 q/s "
-                                "in forwards of 8, 93 in one padded forward of 32)", ge=1)
+                                "and embedded this many at a time (less padding than one forward)", ge=1)
     # corpus: a chunk is (last turns of the history, counselor response)
     chunk_turns: Int = option(2, "history turns kept in a chunk", ge=1)
     chunk_chars: Int = option(400, "history characters kept in a chunk (the end is kept)", ge=16)
