@@ -5,8 +5,10 @@ count (``params``: the count transformers builds for that config, checked in tes
 the shapes of the models the presets and tests name (``KNOWN``: their published ``config.json`` values,
 so a plan for Qwen2.5-7B is made on a machine that never downloaded it), ``shape_of(spec)`` (known,
 else a local folder's ``config.json``) and ``hf_config`` (the transformers config of a shape, to build
-a random-weight model of it: tests/gpu/device_check.py). Reads JSON only; imports nothing heavy, so
-the GPU check can use it without the project's other dependencies.
+a random-weight model of it: tests/gpu/device_check.py), and ``bucket`` (the token counts a CPU forward
+is padded to, so that a server's kernels see a few dozen lengths: oneDNN caches a primitive per shape,
+and the heap's free lists split on every new size; bench/bench_load.py measures the memory). Reads
+JSON only; imports nothing heavy, so the GPU check can use it without the project's other dependencies.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from escrag.errors import UserError
+
+def bucket(n: int) -> int:
+    """``n`` tokens rounded up to the grid: a multiple of 8 below 128, then of an eighth of the power of
+    two below ``n`` (at most 1/8 padding past 64 tokens; 8 lengths an octave)."""
+    step = max(8, 1 << max(0, n.bit_length() - 4))
+    return -(-n // step) * step
+
 
 DECODERS = ("qwen2", "llama")  # causal LMs: q/k/v/o + SwiGLU MLP + RMSNorm (qwen2: q/k/v biases)
 ENCODERS = ("xlm-roberta", "bert")  # sentence embedders: post-LN BERT layers, learned positions

@@ -432,3 +432,23 @@ def test_batch_invariant_rows_do_not_depend_on_their_batch(smollm2_shaped, dtype
     for got in (together, running.result() + joined):
         assert [g.token_ids for g in got] == [a.token_ids for a in alone]
         assert [g.logprobs for g in got] == [a.logprobs for a in alone]
+
+
+def test_packed_linears_run_a_prefills_rows_on_the_grid(monkeypatch):
+    """A prefill packs any number of tokens; past GRID_ROWS its linears run them padded with zeros to
+    escrag.shapes.bucket's grid (oneDNN keeps a primitive per row count: a server's memory grew with
+    every new prompt length) and give the same rows as F.linear."""
+    from rollout.engines import decoder
+
+    if not decoder.cpu_packing(torch.float32):
+        pytest.skip("float32 linears are packed for oneDNN on x86-64 only")
+    torch.manual_seed(0)
+    w, b = torch.randn(48, 32), torch.randn(48)
+    decoder.pack_weight(w)
+    rows, real = [], torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    for m in (1, 5, 8, 9, 63, 100, 333):
+        x = torch.randn(m, 32)
+        torch.testing.assert_close(decoder._packed_linear_fn(x, w, b), torch.nn.functional.linear(x, w, b),
+                                   rtol=1e-5, atol=1e-5)
+    assert rows == [1, 5, 8, 16, 64, 104, 352]

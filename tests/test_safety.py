@@ -400,8 +400,38 @@ def test_backbone_shares_the_reads_of_one_conversation():
     lengths = [len(t) for t in shared.tok([render(r) for r in reads[:6]])["input_ids"]]
     shared.tokens_read = plain.tokens_read = 0
     shared.features(reads[:6]), plain.features(reads[:6])
-    assert plain.tokens_read >= sum(lengths) > 2 * shared.tokens_read  # the history's tokens ran once, not 6 times
+    # the history's tokens ran once, not 6 times (and each read a few of bucket()'s padding tokens)
+    assert plain.tokens_read >= sum(lengths) > 1.5 * shared.tokens_read
 
+
+
+def test_backbone_runs_only_lengths_on_its_grid():
+    """Every forward of the backbone is a length of ``bucket``'s grid, and so is the K/V a shared read
+    starts on: a server's kernels see a few dozen shapes, not one per conversation length (each new
+    shape grew the counselor's memory: oneDNN's primitive cache and the heap's free lists, issue 55).
+    The padding changes no read's features: each equals the model's own states over its tokens alone."""
+    import torch
+
+    from escrag.safety.backbone import Backbone, bucket, render
+
+    bb = Backbone("tiny-random:llama", [1, 2], batch=4, dtype="float32")
+    seen = []
+    bb.lm.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append((kw["input_ids"].shape[-1], kw.get("position_ids"))), with_kwargs=True)
+    history = _user("I lost my job last week and I keep going over what I did wrong, every single night.",
+                    "That sounds exhausting. What goes through your mind at night?", "That I let my family down.")
+    reads = [history[:1], history] + [history + [{"role": "assistant", "content": "Go on. " * k}] for k in range(1, 6)]
+    reads += [_user("hi " * n) for n in (3, 17, 40)]
+    got = bb.features(reads)
+    assert len(seen) > len(reads) // 2
+    for length, pos in seen:
+        assert bucket(length) == length and (pos is None or int(pos[0, 0]) % 8 == 0), (length, pos)
+    for r, row in zip(reads, got):
+        ids = torch.tensor([bb.tok(render(r))["input_ids"]])
+        with torch.inference_mode():
+            hs = bb.lm.model(input_ids=ids, output_hidden_states=True).hidden_states
+        np.testing.assert_allclose(row, torch.cat([hs[k][0].mean(0) for k in (1, 2)]).numpy(), rtol=1e-5, atol=1e-5)
+    assert [bucket(n) for n in (1, 8, 9, 127, 128, 129, 300, 520)] == [8, 8, 16, 128, 128, 144, 320, 576]
 
 def test_backbone_features_do_not_depend_on_the_batch():
     """A conversation's features are the same alone and padded in a batch of longer ones (right
@@ -425,7 +455,7 @@ def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(
     from transformers import AutoModelForCausalLM
 
     from escrag.models import cpu_bf16_ready, resolve_model
-    from escrag.safety.backbone import Backbone, render
+    from escrag.safety.backbone import Backbone, bucket, render
 
     shutil.copytree(resolve_model("tiny-random:llama"), tmp_path / "m")
     torch.manual_seed(0)
@@ -434,7 +464,9 @@ def test_backbone_runs_only_the_layers_it_reads_and_gets_the_full_models_states(
     bb = Backbone(str(tmp_path / "m"), [1, 3], batch=4, dtype=dtype)
     assert len(bb.lm.model.layers) == 4
     convs = [_user("I have the pills counted out"), _user("exams are killing me", "ok", "fine, really")]
-    enc = bb.tok([render(h) for h in convs], return_tensors="pt", padding=True)
+    texts = [render(h) for h in convs]
+    longest = max(len(t) for t in bb.tok(texts)["input_ids"])  # padded as the backbone pads, to its grid
+    enc = bb.tok(texts, return_tensors="pt", padding="max_length", max_length=bucket(longest))
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         hs = cpu_bf16_ready(model).eval()(**enc, output_hidden_states=True).hidden_states  # the linears it loads
     mask = enc.attention_mask.unsqueeze(-1).float()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from escrag.shapes import bucket
+
 QUESTION = ("\n\nQuestion: Is anyone in this conversation in immediate danger of suicide, self-harm, "
             "violence, abuse or a medical emergency? Answer:")
 MAX_CHARS = 2000  # the conversation's last characters that are read (the question is always whole)
@@ -50,7 +52,11 @@ class Backbone:
     start on that cache, cut back to it; its pooled states are the cached start's (a prefix sum) plus its
     tail's. Causal attention makes them the same states as its own pass up to summation order (tests:
     ``test_backbone_shares_the_reads_of_one_conversation``). Renders cut to ``MAX_CHARS`` begin elsewhere
-    and run as before. ``tokens_read`` counts the tokens run through the layers."""
+    and run as before. ``tokens_read`` counts the tokens run through the layers.
+
+    Lengths on a grid: every forward is padded on the right to ``escrag.shapes.bucket(n)`` tokens, and
+    a shared read's tail starts at a multiple of 8 (K/V lengths on the grid too): with a shape per
+    conversation length the counselor's memory kept growing under load."""
 
     def __init__(self, spec: str, layers: list[int], batch: int, device: str = "cpu", dtype: str = "bfloat16",
                  share: bool = True):
@@ -120,27 +126,25 @@ class Backbone:
         tails = []
         for i, t in enumerate(ids[1:], 1):
             common = next((j for j, (a, b) in enumerate(zip(base, t)) if a != b), min(len(base), len(t)))
-            tails.append((min(common, len(t) - 1), i))  # at least one token of its own
+            tails.append((min(common, len(t) - 1) // 8 * 8, i))  # a token of its own; K/V lengths on the grid
         rows = [None] * len(ids)
         with torch.inference_mode(), torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16,
                                                      enabled=self.dtype == "bfloat16"):
-            first = decoder(input_ids=torch.tensor([base], device=self.device), use_cache=True,
-                            output_hidden_states=True)
+            first = decoder(input_ids=self._padded(base), use_cache=True, output_hidden_states=True)
             cache = getattr(first, kw)
             sums = [first.hidden_states[k][0].float().cumsum(0) for k in self.layers]  # prefix sums over tokens
-            rows[0] = torch.cat([s[-1] for s in sums]) / len(base)
-            length = len(base)
+            rows[0] = torch.cat([s[len(base) - 1] for s in sums]) / len(base)
+            length = bucket(len(base))
             for start, i in sorted(tails, reverse=True):  # longest common start first: the cache only shrinks
                 cache.crop(start - length)  # negative: tokens to drop (transformers 5.2x; before, a length from the end)
-                tail = ids[i][start:]
-                pos = torch.arange(start, start + len(tail), device=self.device).unsqueeze(0)
-                hs = decoder(input_ids=torch.tensor([tail], device=self.device), position_ids=pos, use_cache=True,
+                tail, length = ids[i][start:], start + bucket(len(ids[i]) - start)
+                pos = torch.arange(start, length, device=self.device).unsqueeze(0)
+                hs = decoder(input_ids=self._padded(tail), position_ids=pos, use_cache=True,
                              output_hidden_states=True, **{kw: cache}).hidden_states
-                length = start + len(tail)
-                rows[i] = torch.cat([s[start - 1] + hs[k][0].float().sum(0) for s, k in zip(sums, self.layers)])
-                rows[i] /= len(ids[i])
-                self.tokens_read += len(tail)
-        self.tokens_read += len(base)
+                rows[i] = torch.cat([s[start - 1] + hs[k][0, :len(tail)].float().sum(0)
+                                     for s, k in zip(sums, self.layers)]) / len(ids[i])
+                self.tokens_read += length - start
+        self.tokens_read += bucket(len(base))
         return torch.stack(rows).cpu().numpy()
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
@@ -158,9 +162,16 @@ class Backbone:
                 b.append(i)
         return batches
 
+    def _padded(self, ids: list[int]):
+        """One row of token ids padded on the right to ``bucket(len(ids))`` (causal: the padding after a
+        token never changes its states)."""
+        return self._torch.tensor([ids + [self.tok.pad_token_id] * (bucket(len(ids)) - len(ids))], device=self.device)
+
     def _forward(self, texts: list[str]) -> np.ndarray:
         torch = self._torch
-        enc = self.tok(texts, return_tensors="pt", padding=True).to(self.device)
+        ids = self.tok(texts)["input_ids"]
+        enc = self.tok.pad({"input_ids": ids}, padding="max_length", max_length=bucket(max(map(len, ids))),
+                           return_tensors="pt").to(self.device)
         self.tokens_read += enc.input_ids.numel()
         with torch.inference_mode(), torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16,
                                                      enabled=self.dtype == "bfloat16"):
