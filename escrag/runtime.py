@@ -2,17 +2,12 @@
 ``escrag.errors.run_main`` (every job, server and CLI command) and ``escrag.models.actor_env`` (every
 Ray actor). Importing ``escrag`` changes nothing in the process.
 
-Owns three settings, each left alone where the user set their own:
+Owns two settings, each left alone where the user set their own:
 - ``GOMP_SPINCOUNT=20000``: how long an idle OpenMP worker of torch spins before it sleeps. libgomp
   reads it when torch loads, so a process gets it from its parent (a job sets it before it starts Ray
   or its servers, which inherit it); libgomp's default (300,000) is fastest on a quiet CPU and
   collapses when another process wants the cores (a SmolLM2 decode step beside one busy process on 2
   cores: 615 ms at the default, 43 ms at this value quiet).
-- ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=128``: how many oneDNN primitives (one per op and shape: a
-  packed linear at each row count, a bfloat16 matmul at each length) a process keeps, read when oneDNN
-  makes its first. At oneDNN's default of 1024 a server's memory grew for as long as new shapes came;
-  the engine and the crisis check pad their lengths to ``escrag.shapes.bucket``'s grid, so the shapes
-  in use fit (bench/bench_load.py measures the counselor's memory).
 - glibc's ``mallopt``: no allocation ``mmap``-ed on its own and up to 1 GiB of free heap top kept, so a
   large tensor freed and made again reuses pages already faulted in (tests/test_allocator.py). Any
   ``MALLOC_*`` variable or ``GLIBC_TUNABLES``, or ``ESCRAG_KEEP_FREED_MEMORY=0``, leaves glibc's defaults.
@@ -24,9 +19,8 @@ import os
 
 
 def tune_process() -> bool:
-    """Apply the settings to this process; True where glibc's allocator took the last."""
+    """Apply both settings to this process; True where glibc's allocator took the second."""
     os.environ.setdefault("GOMP_SPINCOUNT", "20000")
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
     return _keep_freed_memory()
 
 

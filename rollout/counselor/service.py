@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 
 from escrag.config import Config
 from escrag.errors import Overloaded, UserError
@@ -170,6 +171,11 @@ def load_service(args, cfg: Config) -> CounselorService:
                                 endpoint=ChatEndpoint("counselor", ecfg))
     from rollout.engines import make_engine
 
+    # oneDNN keeps a primitive per op and shape, 1,024 by default: read when it makes its first (none yet).
+    # The engine and the crisis check run their lengths on escrag.shapes.bucket's grid, so 128 hold what
+    # a server uses; at the default its memory grew for as long as new shapes came (bench/bench_load.py).
+    # The reward server keeps the default: its rows run at their own lengths (reward_server/model.py).
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
     engine = make_engine(cfg, model_spec=args.policy)
     classifier = RiskClassifier.from_config(cfg, run=engine.call)  # on the engine's thread
     return CounselorService(cfg, classifier, retriever, engine=engine)
