@@ -69,11 +69,11 @@ def queries(n: int) -> list[str]:
 
 
 def in_process(service, qs: list[str], batch: int) -> dict:
-    service.search_batch([(q, 3) for q in qs[:batch]])  # warm up
+    service.search_batch([(q, 3, None) for q in qs[:batch]])  # warm up
     lat, start = [], time.perf_counter()
     for i in range(0, len(qs), batch):
         t = time.perf_counter()
-        service.search_batch([(q, 3) for q in qs[i:i + batch]])
+        service.search_batch([(q, 3, None) for q in qs[i:i + batch]])
         lat.append(time.perf_counter() - t)
     return summary(len(qs), time.perf_counter() - start, lat)
 

@@ -244,7 +244,8 @@ def rollout(path: str, d: dict, note: str) -> Iterator[Row]:
 def retriever(path: str, d: dict, note: str) -> Iterator[Row]:
     rows, batch = d["rows"], d["batch"]
     base = rows[f"in-process b{batch}"]["qps"]
-    cmd = code(f"bench/bench_retriever.py --chunks {d['index']['count']}")
+    levels = ",".join(name.split()[1][1:] for name in rows if name.startswith("server"))
+    cmd = code(f"bench/bench_retriever.py --chunks {d['index']['count']} --batch {batch} --concurrency {levels}")
     for name, r in rows.items():
         if name.startswith("server"):
             yield [f"retriever, {name.split()[1][1:]} concurrent single-query clients vs in-process batch {batch}",
