@@ -19,6 +19,7 @@ from pathlib import Path
 
 from escrag.errors import UserError
 
+
 def bucket(n: int) -> int:
     """``n`` tokens rounded up to the grid: a multiple of 8 below 128, then of an eighth of the power of
     two below ``n`` (at most 1/8 padding past 64 tokens; 8 lengths an octave)."""

@@ -34,9 +34,9 @@ lays out attention itself; tests compare it with HF's forward.
   row's position, rounded up to ``LENGTH_STEP``); n, that length and the slot count are dynamic
   dimensions of one compiled graph (plus one for n = 1). Measured on SmolLM2-135M (bf16, this CPU): as fast per
   step as graphs specialised to batch buckets and 256-token length buckets (faster where those pad),
-  and compiled once instead of once per bucket. A prefill's packed linears (any number of tokens)
-  run their rows padded to ``escrag.shapes.bucket``'s grid past ``GRID_ROWS``: oneDNN caches a
-  primitive per row count, which grew a server's memory with every new prompt length.
+  and compiled once instead of once per bucket. A packed linear over more than ``GRID_ROWS`` rows (a
+  prefill's tokens, any number; a decode step past 8 rows) runs them padded to ``escrag.shapes.bucket``'s
+  grid: oneDNN caches a primitive per row count, which grew a server's memory with every new prompt length.
 - Compile time (the whole-step graph): the two halves of a layer (``_qkv``, ``_attend_and_mlp``) are nested compile regions,
   compiled once and stamped out for every layer (a quarter of a flat graph's compile time, same step
   time); the cache writes stay between them, since a nested region that mutates its inputs loses the
@@ -425,9 +425,9 @@ def pack_weight(weight: torch.Tensor) -> None:
 
 
 def _packed_linear_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through the packed copy of ``weight``. Past ``GRID_ROWS`` rows (a
-    prefill's packed tokens) the rows are padded with zeros to ``escrag.shapes.bucket``'s grid: oneDNN
-    keeps a primitive per row count, and a prefill's count is any number."""
+    """``F.linear(x, weight, bias)`` through the packed copy of ``weight``. Past ``GRID_ROWS`` rows the
+    rows are padded with zeros to ``escrag.shapes.bucket``'s grid: oneDNN keeps a primitive per row
+    count, and a prefill's count is any number."""
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
     if m > GRID_ROWS and bucket(m) != m:
