@@ -122,7 +122,7 @@ class JobServices:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        if self._watcher is not None:
+        if self._watcher is not None and self._watcher.is_alive():  # a signal can land inside its start()
             self._watcher.join(timeout=30)
         for server in reversed(list(self.started.values())):
             server.stop()

@@ -305,6 +305,33 @@ def test_sigterm_stops_the_servers_a_job_started(tmp_path):
             proc.kill()
 
 
+def test_a_signal_while_the_watcher_starts_still_stops_the_servers(tmp_path, monkeypatch):
+    """SIGTERM can land while ``threading.Thread.start`` waits for the watcher to run (CI saw it): the
+    job's ``Terminated`` must reach ``run_main`` (exit 143), not a RuntimeError from joining a thread
+    that never started, and the server it started is stopped."""
+    import threading
+
+    from escrag.config import load_config
+    from escrag.errors import Terminated
+    from ray_jobs import services
+
+    class SignalledThread(threading.Thread):
+        def start(self):  # the handler raises in the main thread before the thread ran
+            raise Terminated
+
+    monkeypatch.setattr(services.threading, "Thread", SignalledThread)
+    cfg = load_config("configs/cpu-test.yaml", ["reward.rule=vowels", f"run.output_dir={tmp_path}"])
+    (tmp_path / "c.yaml").write_text("reward:\n  rule: vowels\n")
+    job = services.JobServices(cfg, tmp_path / "c.yaml", tmp_path / "logs", need_retriever=False, log=lambda m: None)
+    try:
+        with job:
+            pass
+    except Terminated:
+        pass
+    server = job.started["reward"]
+    assert not server.alive() and server.proc.poll() is not None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
