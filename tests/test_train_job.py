@@ -329,7 +329,10 @@ def test_a_signal_while_the_watcher_starts_still_stops_the_servers(tmp_path, mon
     except Terminated:
         pass
     server = job.started["reward"]
-    assert not server.alive() and server.proc.poll() is not None
+    try:
+        assert not server.alive() and server.proc.poll() is not None
+    finally:
+        server.stop()  # the test's own cleanup, when the job left it running
 
 
 def _alive(pid: int) -> bool:
