@@ -53,3 +53,13 @@ def test_the_scoring_rule_knows_every_held_out_state(split):
     reward = StrategyReward(split)
     for s, _ in eval_jobs(load(CONFIG), split):
         reward.rule.check(s.history)
+
+
+def test_the_sft_start_rule_takes_the_fewest_steps_within_005_of_the_best():
+    from experiments.strategy_claim.sft_valid import choose
+
+    rows = [{"name": "a", "steps": 16, "exactly_one": 0.10}, {"name": "b", "steps": 64, "exactly_one": 0.62},
+            {"name": "c", "steps": 128, "exactly_one": 0.66}]
+    assert choose(rows) == "b"
+    rows[1]["exactly_one"] = 0.60
+    assert choose(rows) == "c"
