@@ -51,6 +51,9 @@ SOURCES: dict[str, list[tuple[str, str]]] = {
     "heldout_gain": [("experiments/heldout_gain/rerun-compare-test.json", "")],
     "central_claim": [("experiments/central_claim/heldout_compare_training_rm.json", "")],
     "reward_labels": [("experiments/reward_labels/labels-test.json", "")],
+    "reward_recipe": [("experiments/reward_recipe/labels-valid.json", "the chosen recipe"),
+                      ("experiments/reward_recipe/labels-test.json", "the chosen recipe"),
+                      ("experiments/reward_recipe/first-search/labels-test.json", "the first search (100 train states)")],
 }
 
 # files of bench/results/ that no table reads
@@ -436,6 +439,19 @@ def reward_labels(path: str, d: dict, note: str) -> Iterator[Row]:
                code("bash experiments/reward_labels/run.sh")]
 
 
+RECIPE = ["scorer", "split, states", "gold turn vs another dialogue's (AUC)", "generic reply beats gold (share)",
+          "JSON", "rerun"]
+
+
+def reward_recipe(path: str, d: dict, note: str) -> Iterator[Row]:
+    for name, s in d["scorers"].items():
+        if name == "minilm_proxy" and "first" in note:
+            continue  # the same proxy run as the chosen recipe's test row
+        who = f"{name}, {note}" if name != "minilm_proxy" else name
+        yield [who, f"{d['split']}, {s['states']}", ci(s["other_dialogue"]), ci(s["generic"]), src(path),
+               code("bash experiments/reward_recipe/run.sh")]
+
+
 # (heading, area, renderer[, columns]); a benchmark table without its own columns has BENCH
 BENCHMARKS: list[tuple] = [
     ("`make demo` and `make test` on a fresh clone (empty caches, install included)", "wall_times", wall_times),
@@ -468,6 +484,8 @@ EXPERIMENTS: list[tuple[str, str, Renderer, list[str]]] = [
     ("ESCRAG-R1 against SFT on the training reward (experiments/central_claim/)", "central_claim", central_claim,
      COMPARE),
     ("Rewards against ESConv's human ratings (experiments/reward_labels/)", "reward_labels", reward_labels, LABELS),
+    ("The embedded default's reward head (experiments/reward_recipe/; the bars: AUC ≥ 0.75, generic share < 0.20)",
+     "reward_recipe", reward_recipe, RECIPE),
 ]
 
 

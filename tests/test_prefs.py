@@ -172,12 +172,12 @@ def test_the_config_picks_the_negative_mix():
 
 
 def test_the_embedded_default_trains_on_the_chosen_mix():
-    """configs/cpu-demo.yaml's silver pairs: each of 100 states against three kinds (experiments/reward_recipe/)."""
+    """configs/cpu-demo.yaml's silver pairs: each of 300 states against three kinds (experiments/reward_recipe/)."""
     from escrag.config import load_config
 
     pairs = silver_pairs(load_config(ROOT / "configs/cpu-demo.yaml"))
     states = {(p.provenance["dialogue_id"], p.provenance["turn_index"]) for p in pairs}
-    assert len(pairs) == 300 and len(states) == 100
+    assert len(pairs) == 900 and len(states) == 300
     assert {p.provenance["negative"] for p in pairs} == {"other_dialogue", "same_problem", "generic"}
 
 

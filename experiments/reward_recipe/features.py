@@ -1,6 +1,6 @@
 """Frozen-backbone features for the reward-recipe search (issue 53, item 2), computed once and cached.
 
-    .venv/bin/python -m experiments.reward_recipe.features [--train-states 200] [--valid-generic-states 60] [--no-lock]
+    .venv/bin/python -m experiments.reward_recipe.features [--train-states 300] [--valid-generic-states 60] [--no-lock]
 
 Owns: the items the search fits and chooses on, and their features at several layers and two poolings,
 in ``runs/reward_recipe/feats/`` (not committed). Items:
@@ -166,7 +166,7 @@ def main() -> None:
     from reward_server.model import Backbone
 
     p = argparse.ArgumentParser()
-    p.add_argument("--train-states", type=int, default=200)
+    p.add_argument("--train-states", type=int, default=300)
     p.add_argument("--valid-generic-states", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-lock", action="store_true", help="run at nice 19 instead of under the heavy lock (while "
