@@ -169,10 +169,20 @@ class MiniLMProxy:
 
 
 def rm_scorer(head_dir: str, batch: int = 16):
+    """A function scoring (history, reply) pairs with the reward head at ``head_dir``, with a progress bar."""
+    from escrag.progress import progress_bar
     from reward_server.model import RewardModel
 
     rm = RewardModel.load(head_dir)
-    return lambda pairs: [x for i in range(0, len(pairs), batch) for x in rm.score(pairs[i:i + batch])[0]]
+
+    def score(pairs: list) -> list[float]:
+        out: list[float] = []
+        with progress_bar(total=len(pairs), desc=f"scoring with {head_dir}", unit="reply") as bar:
+            for i in range(0, len(pairs), batch):
+                out += rm.score(pairs[i:i + batch])[0]
+                bar.update(len(pairs[i:i + batch]))
+        return out
+    return score
 
 
 def judge_answers(proxy: MiniLMProxy, path: str, cfg: Config) -> dict:

@@ -140,6 +140,18 @@ def test_head_round_trip_and_scores(backbone, tmp_path):
     assert truncated == [False, True]
 
 
+def test_the_label_checks_score_in_batches_with_a_progress_line(backbone, tmp_path, capsys):
+    """``evaluation.labels.rm_scorer`` (``escrag eval labels --rm``): the head's scores, batch by batch, and a
+    progress line on a log (minutes of silence on a CPU otherwise)."""
+    from evaluation.labels import rm_scorer
+
+    save_head(tmp_path / "rm", torch.linspace(-1, 1, backbone.hidden_size), 0.1, _manifest(backbone))
+    items = [(_history(k % 3 + 1), REPLY if k % 2 else "ok") for k in range(5)]
+    got = rm_scorer(str(tmp_path / "rm"), batch=2)(items)
+    assert got == pytest.approx(RewardModel.load(tmp_path / "rm").score(items)[0], abs=1e-6)
+    assert f"scoring with {tmp_path / 'rm'}: 5/5 (100%)" in capsys.readouterr().err
+
+
 def test_head_reads_the_layer_and_pooling_of_its_manifest(backbone, tmp_path):
     weight = torch.linspace(-1, 1, backbone.hidden_size)
     save_head(tmp_path / "rm", weight, 0.0, {**_manifest(backbone), "layer": 1, "pooling": "reply_mean"})
