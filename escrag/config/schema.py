@@ -79,7 +79,8 @@ class RayConfig:
     address: Str | None = option(None, 'None: start a local Ray on 127.0.0.1; "auto" or an address: join')
     num_cpus: Int | None = option(None, "CPUs of the local Ray a job starts; None: Ray's count of this machine",
                               ge=1)
-    tmpdir: Str | None = option(None, "RAY_TMPDIR; None: <output_dir>/ray")
+    tmpdir: Str | None = option(None, "RAY_TMPDIR; None: <output_dir>/ray (either, where too long for Ray's sockets: a short "
+                               "folder under the system temp dir, escrag/raylocal.py)")
 
 
 @section
