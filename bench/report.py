@@ -48,7 +48,8 @@ SOURCES: dict[str, list[tuple[str, str]]] = {
                      "float32 head + the keyword guard TEST DOUBLE")],
     "mechanism": [("experiments/mechanism/results/smollm2/summary.json", "")],
     "gonogo": [("experiments/strategy_claim/gonogo.json", "")],
-    "heldout_gain": [("experiments/heldout_gain/rerun-compare-test.json", "")],
+    "heldout_gain": [("experiments/heldout_gain/rerun-compare-test.json", "the earlier reward head"),
+                     ("experiments/heldout_gain/recipe-rm/compare-test.json", "the reward head of experiments/reward_recipe/")],
     "central_claim": [("experiments/central_claim/heldout_compare_training_rm.json", "")],
     "reward_labels": [("experiments/reward_labels/labels-test.json", "")],
     "reward_recipe": [("experiments/reward_recipe/labels-valid.json", "the chosen recipe"),
@@ -413,11 +414,12 @@ COMPARE = ["measure", "SFT", "GRPO", "GRPO − SFT (paired)", "JSON", "rerun"]
 
 
 def heldout_gain(path: str, d: dict, note: str) -> Iterator[Row]:
-    cmd = code("bash experiments/heldout_gain/run.sh -o policy.dtype=float32")
+    cmd = code("bash experiments/heldout_gain/recipe-rm/run.sh" if "recipe-rm" in path
+               else "bash experiments/heldout_gain/run.sh -o policy.dtype=float32")
     for key in ("format", "rm", "rm_both_parse", "reward", "strategy_hit"):
         r = d[key]
         n = f"{r['answers']} answers" if "answers" in r else f"× {d['samples']}"
-        yield [f"{key}, {d['split']}, {r['states']} states {n}", ci(r["sft"]), ci(r["grpo"]),
+        yield [f"{key}, {d['split']}, {r['states']} states {n} ({note})", ci(r["sft"]), ci(r["grpo"]),
                ci(r["delta"], signed=True), src(path), cmd]
 
 
@@ -592,11 +594,21 @@ def learning_table() -> list[str]:
     for arm, name in (("escrag", "ESCRAG-R1"), ("escrag-stage1", "ESCRAG-R1 + `rollout.train_stage1`")):
         rows.append([f"ESConv: {name} − Vanilla-GRPO + RAG inference", "strategy reward (human labels), test",
                      ci(claim["table"]["test"][arm]["vs_vanilla+rag"]["dialogues"], signed=True), link(CLAIM)])
+    new, new_labels = load(SOURCES["heldout_gain"][1][0]), load("experiments/heldout_gain/recipe-rm/labels-answers.json")
     rows += [
-        ["ESConv, the demo's recipe: GRPO − SFT", "training reward model, answers parsing in both",
-         ci(gain["rm_both_parse"]["delta"], signed=True), link(SOURCES["heldout_gain"][0][0])],
-        ["ESConv, the demo's recipe: GRPO − SFT, the same answers", "independent MiniLM proxy",
+        ["ESConv, heldout_gain's GRPO recipe, the earlier reward head: GRPO − SFT",
+         "training reward model, answers parsing in both", ci(gain["rm_both_parse"]["delta"], signed=True),
+         link(SOURCES["heldout_gain"][0][0])],
+        ["ESConv, the same, the same answers", "independent MiniLM proxy",
          ci(labels["answers"]["minilm_proxy"]["delta"], signed=True), link("experiments/heldout_gain/labels-answers.json")],
+        ["ESConv, the same GRPO recipe, the embedded default's reward head: GRPO − SFT",
+         "training reward model, answers parsing in both", ci(new["rm_both_parse"]["delta"], signed=True),
+         link(SOURCES["heldout_gain"][1][0])],
+        ["ESConv, the same, the same answers", "independent MiniLM proxy",
+         ci(new_labels["answers"]["minilm_proxy"]["delta"], signed=True),
+         link("experiments/heldout_gain/recipe-rm/labels-answers.json")],
+        ["ESConv, the same, the same answers", "strategy accuracy (human labels)",
+         ci(new["strategy_hit"]["delta"], signed=True), link(SOURCES["heldout_gain"][1][0])],
     ]
     return table(["comparison", "measured by", "paired difference", "JSON"], rows)
 
