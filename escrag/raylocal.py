@@ -1,9 +1,10 @@
 """Starting or joining Ray the way this project needs it.
 
 Owns: the one place that calls ``ray.init``. A local Ray binds 127.0.0.1 only, has usage stats and
-the dashboard off and keeps its temp folder where we say (or, where that path is too long for Ray's
-sockets, in a short folder under the system temp dir named by its hash); joining a cluster (``address``) changes none
-of the cluster's settings, and a cluster that is not there is one line saying how to start a head.
+the dashboard off and keeps its temp folder where we say (where that path is too long for Ray's
+sockets, in a short folder under the system temp dir named by its hash); joining a cluster
+(``address``) changes none of the cluster's settings, and a cluster that is not there is one line
+saying how to start a head.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ SOCKET_SUFFIX = len("/session_2026-12-07_12-42-51_158359_4194304/sockets/plasma_
 SOCKET_PATH_MAX = 107
 
 
-def socket_safe(tmpdir: str, log=print) -> str:
+def socket_safe(tmpdir: str) -> str:
     """``tmpdir`` resolved, or where its path is too long for Ray's sockets (a deep run folder: Ray fails
     with ``AF_UNIX path length cannot exceed 107 bytes``), a short folder under the system temp dir named
     by its hash, and a line saying so."""
@@ -36,7 +37,7 @@ def socket_safe(tmpdir: str, log=print) -> str:
     if len(short) + SOCKET_SUFFIX > SOCKET_PATH_MAX:
         raise UserError(f"ray.tmpdir: {full!r} is too long for Ray's sockets, and so is {short!r} "
                         f"(TMPDIR); set ray.tmpdir to a folder of at most {SOCKET_PATH_MAX - SOCKET_SUFFIX} characters")
-    log(f"[ray] {full} is too long for Ray's sockets ({len(full)} characters, at most "
+    print(f"[ray] {full} is too long for Ray's sockets ({len(full)} characters, at most "
         f"{SOCKET_PATH_MAX - SOCKET_SUFFIX}); its temp folder is {short}")
     return short
 

@@ -57,7 +57,8 @@ def answer_records(policy: str, jobs: list[tuple[DialogueState, int, int]], answ
     return out
 
 
-def _per_state(recs: list[dict], key: str) -> dict[str, float]:
+def per_state(recs: list[dict], key: str) -> dict[str, float]:
+    """Each state's mean of ``key`` over its records (a state's answers)."""
     by: dict[str, list[float]] = {}
     for r in recs:
         by.setdefault(r["state_id"], []).append(r[key])
@@ -67,7 +68,7 @@ def _per_state(recs: list[dict], key: str) -> dict[str, float]:
 def block(recs: dict[str, list[dict]], key: str, ci: tuple) -> dict:
     """Each policy's mean of ``key`` and the paired difference (second minus first), over states."""
     (a, ra), (b, rb) = recs.items()
-    pa, pb = _per_state(ra, key), _per_state(rb, key)
+    pa, pb = per_state(ra, key), per_state(rb, key)
     shared = [sid for sid in pa if sid in pb]
     return {a: bootstrap_ci(list(pa.values()), *ci), b: bootstrap_ci(list(pb.values()), *ci),
             "delta": bootstrap_ci([pb[s] - pa[s] for s in shared], *ci), "states": len(shared)}

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 def judge(folder: Path, proxy, states, ci) -> tuple[dict, dict[str, float]]:
     """One run's summary, and each state's GRPO - SFT proxy difference."""
-    from evaluation.compare import block
+    from evaluation.compare import block, per_state
 
     records = [json.loads(ln) for ln in (folder / "compare-test.jsonl").read_text().splitlines() if ln]
     scores = np.array(proxy.score([(states[r["state_id"]].history, r["response"]) for r in records]))
@@ -40,13 +40,7 @@ def judge(folder: Path, proxy, states, ci) -> tuple[dict, dict[str, float]]:
            "words": block(recs, "words", ci), "corr_proxy_log_words": float(np.corrcoef(x, scores)[0, 1]),
            "fit": {"slope_per_log_word": float(slope), "intercept": float(icpt)},
            "proxy": block(recs, "proxy", ci), "proxy_length_residual": block(recs, "proxy_length_residual", ci)}
-    def per_state(rs: list[dict]) -> dict[str, float]:
-        by: dict[str, list[float]] = {}
-        for r in rs:
-            by.setdefault(r["state_id"], []).append(r["proxy"])
-        return {sid: float(np.mean(v)) for sid, v in by.items()}
-
-    sft, grpo = per_state(recs["sft"]), per_state(recs["grpo"])
+    sft, grpo = per_state(recs["sft"], "proxy"), per_state(recs["grpo"], "proxy")
     return out, {s: grpo[s] - sft[s] for s in sft if s in grpo}
 
 
